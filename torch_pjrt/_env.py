@@ -1,0 +1,52 @@
+"""Every TORCH_PJRT_* environment variable, in one table."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    doc: str
+
+
+VARIABLES: tuple[EnvVar, ...] = (
+    EnvVar("TORCH_PJRT_PLATFORM", "", "PJRT platform to run on (cpu, cuda, rocm, tpu, neuron); "
+           "empty: the platform JAX picks."),
+    EnvVar("TORCH_PJRT_EAGER_MODE", "strict", "Eager execution mode: strict, fused or debug."),
+    EnvVar("TORCH_PJRT_CPU_FALLBACK", "1", "1: ops without a lowering run on the CPU (counted, "
+           "warned once); 0: they raise RuntimeError."),
+    EnvVar("TORCH_PJRT_CACHE_DIR", "", "Directory for the native shim build and the persistent "
+           "compile cache; empty: $XDG_CACHE_HOME/torch_pjrt (or ~/.cache/torch_pjrt)."),
+    EnvVar("TORCH_PJRT_MEMORY_LIMIT", "", "Bytes of device memory torch-pjrt may hold per device "
+           "before raising torch.OutOfMemoryError; empty: the device's own limit (host RAM on CPU)."),
+    EnvVar("TORCH_PJRT_VERBOSE", "0", "1: log compiles and CPU fallbacks to stderr."),
+)
+
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+def get(name: str) -> str:
+    """The value of a documented variable (its default when unset)."""
+    return os.environ.get(name, _BY_NAME[name].default)
+
+
+def flag(name: str) -> bool:
+    return get(name).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def cache_dir() -> str:
+    explicit = get("TORCH_PJRT_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch_pjrt")
+
+
+def markdown_table() -> str:
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{v.name}` | `{v.default}` | {v.doc} |" for v in VARIABLES]
+    return "\n".join(rows)

@@ -1,0 +1,36 @@
+"""Counters for what the backend did: compiles, cache hits, fallbacks, transfers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+_counters: Counter = Counter()
+_fallbacks: Counter = Counter()
+_compile_seconds: list[float] = [0.0]
+
+
+def count(name: str, n: int = 1) -> None:
+    _counters[name] += n
+
+
+def count_fallback(op_name: str) -> None:
+    _fallbacks[op_name] += 1
+
+
+def add_compile_time(seconds: float) -> None:
+    _compile_seconds[0] += seconds
+
+
+def metrics() -> dict[str, Any]:
+    """A snapshot of every counter (see docs for their meaning)."""
+    out: dict[str, Any] = dict(_counters)
+    out["compile_seconds"] = round(_compile_seconds[0], 6)
+    out["cpu_fallbacks"] = dict(_fallbacks)
+    return out
+
+
+def reset() -> None:
+    _counters.clear()
+    _fallbacks.clear()
+    _compile_seconds[0] = 0.0

@@ -1,0 +1,217 @@
+"""The PrivateUse1 kernels: how each ATen op on a pjrt tensor reaches the executor.
+
+- ops with a lowering (and their in-place and out= variants): the executor;
+- view and metadata ops: PyTorch's own CPU kernels, which touch no data, so
+  views get PyTorch's sizes, strides, offsets and shared storage;
+- allocation, copies across devices, scalars and resizing: the kernels here;
+- everything else: the fallback (a decomposition, else the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..lowering import registry
+from ..storage import table, transfer, views
+from . import executor, fallback, opspec
+
+aten = torch.ops.aten
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+# Ops that only change tensor metadata: served by the CPU kernel, which does
+# not read or write data, over the pjrt storage.
+METADATA_OPS = (
+    aten.view.default, aten.view.dtype, aten._reshape_alias.default, aten.alias.default,
+    aten.as_strided.default, aten.detach.default, aten.diagonal.default,
+    aten.expand.default, aten.permute.default, aten.select.int, aten.slice.Tensor,
+    aten.split.Tensor, aten.split_with_sizes.default, aten.squeeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.t.default, aten.transpose.int,
+    aten.unbind.int, aten.unfold.default, aten.unsqueeze.default,
+    aten.view_as_real.default, aten.view_as_complex.default, aten._conj.default,
+    aten._neg_view.default, aten.lift_fresh.default, aten.chunk.default, aten.narrow.default,
+    aten.as_strided_.default, aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims,
+    aten.unsqueeze_.default, aten.transpose_.default, aten.t_.default, aten.detach_.default,
+    aten.swapdims_.default, aten.swapaxes_.default,
+    aten.set_.source_Storage, aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor,
+)
+
+
+def _metadata_kernel(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(_CPU_KEYS, *args, **kwargs)
+
+    return kernel
+
+
+def _executor_kernel(spec: opspec.OpSpec):
+    execute = executor.execute
+
+    def kernel(*args, **kwargs):
+        return execute(spec, args, kwargs)
+
+    return kernel
+
+
+def _variants(op: torch._ops.OpOverload):
+    """The in-place and out= overloads whose functional counterpart is `op`."""
+    packet_name = op._schema.name.split("::")[1]
+    inplace = getattr(aten, packet_name + "_", None)
+    if inplace is not None and op._overloadname in inplace.overloads():
+        yield getattr(inplace, op._overloadname)
+    packet = getattr(aten, packet_name)
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        if cand is not op and opspec._functional_counterpart(cand) is op:
+            yield cand
+
+
+def lowered_ops() -> list[torch._ops.OpOverload]:
+    """Every overload the executor serves: lowered ops and their variants."""
+    ops = []
+    for op in registry.table():
+        if op.namespace != "aten":
+            continue
+        ops.append(op)
+        ops.extend(v for v in _variants(op) if registry.get(v) is None)
+    return list(dict.fromkeys(ops))
+
+
+# ------------------------------------------------------------ special kernels
+def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
+                         memory_format=None):
+    dtype = dtype or torch.get_default_dtype()
+    if memory_format is None or memory_format == torch.contiguous_format:
+        stride = views.contiguous_strides(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return table.empty_strided(size, stride, dtype, _index(device))
+
+
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return table.empty_strided(size, stride, dtype or torch.get_default_dtype(), _index(device))
+
+
+def _index(device) -> int:
+    if device is None:
+        return executor._native.current_device()
+    device = torch.device(device)
+    return device.index if device.index is not None else executor._native.current_device()
+
+
+def dense_buffer(t: torch.Tensor):
+    """A device buffer holding `t`'s elements densely, in row-major order."""
+    rec = table.record_of(t)
+    if (t.storage_offset() == 0 and views.is_contiguous(t.shape, t.stride())
+            and rec.dtype == table.dtypes.to_jax(t.dtype) and rec.numel == t.numel()):
+        return rec.get()
+    clone = aten.clone.default(t, memory_format=torch.contiguous_format)
+    return table.record_of(clone).get()
+
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A dense CPU copy of a pjrt tensor (waits for the device)."""
+    return transfer.device_to_host(dense_buffer(t), t.shape)
+
+
+def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
+    pjrt = executor._PJRT
+    if self.device.type != pjrt:  # pjrt -> cpu
+        self.copy_(to_cpu(src))
+        return self
+    rec = table.record_of(self)
+    if src.device.type != pjrt:  # cpu -> pjrt
+        if (src.dtype == self.dtype and src.shape == self.shape and self.storage_offset() == 0
+                and views.is_contiguous(self.shape, self.stride())
+                and src.numel() * src.element_size() == rec.nbytes):
+            rec.set(transfer.host_to_device(src, rec.device))  # replaces the whole storage
+            return self
+        src = _upload(src, rec.device)
+    elif src.device != self.device:  # pjrt:i -> pjrt:j
+        src = _move(src, rec.device)
+    return executor.execute(_COPY_SPEC, (self, src, non_blocking), {})
+
+
+def _upload(cpu: torch.Tensor, device: int) -> torch.Tensor:
+    buf = transfer.host_to_device(cpu, device)
+    shape = tuple(cpu.shape)
+    return table.empty_strided(shape, views.contiguous_strides(shape), cpu.dtype, device, buf)
+
+
+def _move(src: torch.Tensor, device: int) -> torch.Tensor:
+    """`src` on pjrt:`device`, as a dense tensor (a device-to-device transfer)."""
+    import jax
+
+    from ..runtime import client
+
+    buf = jax.device_put(dense_buffer(src), client.device(device))
+    shape = tuple(src.shape)
+    return table.empty_strided(shape, views.contiguous_strides(shape), src.dtype, device, buf)
+
+
+def _to_copy(self: torch.Tensor, **kwargs):
+    device = kwargs.get("device")
+    target = torch.device(device) if device is not None else self.device
+    if target.type == executor._PJRT and (target.index is None or target == self.device):
+        return executor.execute(_TO_COPY_SPEC, (self,), kwargs)
+    # Another device: the layout PyTorch gives (memory_format), filled by copy_.
+    meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
+    meta = aten._to_copy.default(meta, **{**kwargs, "device": "meta", "pin_memory": None})
+    out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=target)
+    return out.copy_(self)
+
+
+def _local_scalar_dense(self: torch.Tensor):
+    return to_cpu(self).item()
+
+
+def _resize_(self: torch.Tensor, size, memory_format=None):
+    stride = views.contiguous_strides(size)
+    needed = table.storage_numel(size, stride) + self.storage_offset()
+    storage = self.untyped_storage()
+    if needed * self.element_size() > storage.nbytes():
+        rec = table.record(storage)
+        grown = table.empty_strided((needed,), (1,), self.dtype, rec.device)
+        old = self.as_strided((storage.nbytes() // self.element_size(),), (1,), 0)
+        grown[: old.numel()].copy_(old)
+        aten.set_.source_Storage_storage_offset.redispatch(
+            _CPU_KEYS, self, grown.untyped_storage(), self.storage_offset(), size, stride)
+        return self
+    return aten.resize_.default.redispatch(_CPU_KEYS, self, size, memory_format=memory_format)
+
+
+_COPY_SPEC: opspec.OpSpec | None = None
+_TO_COPY_SPEC: opspec.OpSpec | None = None
+
+SPECIAL_KERNELS = {
+    aten.empty.memory_format: _empty_memory_format,
+    aten.empty_strided.default: _empty_strided,
+    aten.copy_.default: _copy_,
+    aten._to_copy.default: _to_copy,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.resize_.default: _resize_,
+}
+
+
+def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> None:
+    global _COPY_SPEC, _TO_COPY_SPEC
+    registry.load_all()
+    _COPY_SPEC = opspec.spec(aten.copy_.default)
+    _TO_COPY_SPEC = opspec.spec(aten._to_copy.default)
+    for op in METADATA_OPS:
+        lib.impl(_qualname(op), _metadata_kernel(op))
+    special = set(SPECIAL_KERNELS)
+    for op, fn in SPECIAL_KERNELS.items():
+        lib.impl(_qualname(op), fn)
+    for op in lowered_ops():
+        if op in special or op in METADATA_OPS:
+            continue
+        lib.impl(_qualname(op), _executor_kernel(opspec.spec(op)))
+    fallback_lib.fallback(fallback.run)
+
+
+def _suffix(op) -> str:
+    return "" if op._overloadname == "default" else "." + op._overloadname
+
+
+def _qualname(op) -> str:
+    return op._schema.name.split("::")[1] + _suffix(op)

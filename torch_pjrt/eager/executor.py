@@ -1,0 +1,523 @@
+"""The op executor: one cached XLA executable per (op, input signature, static args).
+
+For each call the executor builds a key from the op and its arguments (storage
+buffer, dtype, shape, stride and offset of every tensor; static arguments by
+value; Python scalars by type only, passed at run time). On a miss it runs the
+op on meta tensors (PyTorch's own shape and dtype checks, and the output
+layout), traces the lowering into one jitted program that reads the input
+views, computes, lays the outputs out with PyTorch's strides and writes
+mutated views back into their storages, and caches it. A hit costs the key,
+a dictionary lookup and one launch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from .. import counters
+from ..storage import dtypes, table, views
+from . import opspec
+from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST, OpSpec
+
+_records = table._records
+_native = None  # set by install()
+_PJRT = None  # the torch device type name, set by install()
+
+
+def install(native, device_type: str) -> None:
+    global _native, _PJRT
+    _native = native
+    _PJRT = device_type
+
+
+class ExecutionError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------- the cache
+class Entry:
+    """A compiled op for one input signature."""
+
+    __slots__ = ("fn", "outs", "single", "targets", "written", "donate", "resize")
+
+    def __init__(self):
+        self.fn = None
+        # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
+        self.outs: list[tuple] = []
+        self.single = False  # the op returns exactly one fresh tensor
+        self.targets: list[tuple] = []  # (buf, dtype, shape, stride, offset) of each written view
+        self.written: tuple[int, ...] = ()  # storage buffers the program returns, in order
+        self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
+        self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
+
+
+_cache: dict[tuple, Entry] = {}
+
+
+def cache_size() -> int:
+    return len(_cache)
+
+
+# ------------------------------------------------------------- device errors
+def _device_mismatch(spec: OpSpec, a: torch.device, b: torch.device) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{a} and {b}! (when checking arguments for {spec.op})"
+    )
+
+
+# --------------------------------------------------------------- signatures
+class _Call:
+    """The per-call state gathered while building the key."""
+
+    __slots__ = ("spec", "values", "recs", "bufidx", "dyn", "device")
+
+    def __init__(self, spec: OpSpec, values: list):
+        self.spec = spec
+        self.values = values
+        self.recs: list[table.StorageRecord] = []
+        self.bufidx: dict[int, int] = {}
+        self.dyn: list[Any] = []
+        self.device: int | None = None
+
+    def tensor_part(self, t) -> tuple:
+        """(buffer, dtype, shape, stride, offset, storage numel, storage dtype, uninitialized)."""
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except AttributeError:  # a Python number PyTorch wrapped as a tensor
+            self.dyn.append(t)
+            return ("num", type(t))
+        idx = self.bufidx.get(ptr)
+        if idx is None:
+            rec = _records.get(ptr)
+            if rec is None:
+                rec = self._other_tensor(t)
+                if rec is None:
+                    return ("cpu0", t.dtype)
+            if self.device is None:
+                self.device = rec.device
+            elif rec.device != self.device:
+                raise _device_mismatch(self.spec, torch.device(_PJRT, self.device), t.device)
+            idx = self.bufidx[ptr] = len(self.recs)
+            self.recs.append(rec)
+        else:
+            rec = self.recs[idx]
+        return (idx, t.dtype, t.shape, t.stride(), t.storage_offset(), rec.numel,
+                rec.dtype, rec.value is None)
+
+    def _other_tensor(self, t: torch.Tensor) -> table.StorageRecord | None:
+        """A tensor whose storage is not in the table: foreign pjrt, CPU scalar, or an error."""
+        if t.device.type == _PJRT:
+            return table.record(t.untyped_storage())
+        if t.dim() == 0 and t.device.type == "cpu":
+            self.dyn.append(t.item())
+            return None
+        here = torch.device(_PJRT, self.device if self.device is not None else 0)
+        raise _device_mismatch(self.spec, here, t.device)
+
+
+def _key(call: _Call) -> tuple:
+    spec = call.spec
+    parts: list = [spec.op]
+    dyn = call.dyn
+    for kind, a, v in zip(spec.kinds, spec.args, call.values):
+        if kind == TENSOR:
+            parts.append(call.tensor_part(v))
+        elif kind == SCALAR:
+            if a.name in spec.static_scalars or (v == a.default and type(v) is type(a.default)):
+                parts.append(("s", v))
+            else:
+                dyn.append(v)
+                parts.append(type(v))
+        elif kind == OPT_TENSOR:
+            parts.append(None if v is None else call.tensor_part(v))
+        elif kind == TENSOR_LIST or kind == OPT_TENSOR_LIST:
+            parts.append(tuple(None if t is None else call.tensor_part(t) for t in v))
+        elif kind == GENERATOR:
+            parts.append(GENERATOR)
+        else:
+            parts.append(_hashable(v))
+    return tuple(parts)
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, torch.device):
+        return ("device", v.type)  # the index is the call's device, not part of the program
+    return v
+
+
+# ---------------------------------------------------------------- execution
+_counts = counters._counters
+
+
+def execute(spec: OpSpec, args: tuple, kwargs: dict):
+    """Run `spec.op` on pjrt tensors with its lowering, compiling on first use."""
+    values = list(args) if not kwargs and len(args) == spec.n_args else \
+        opspec.normalize(spec, args, kwargs)
+    call = _Call(spec, values)
+    key = _key(call)
+    entry = _cache.get(key)
+    if entry is None:
+        return _execute_miss(call, key)
+    _counts["cache_hits"] += 1
+    if entry.resize is not None:
+        return _resize_and_run(call, entry)
+    return _launch(call, entry)
+
+
+def _execute_miss(call: _Call, key: tuple):
+    counters.count("cache_misses")
+    entry = _cache[key] = _compile(call, key)
+    if entry.resize is not None:
+        return _resize_and_run(call, entry)
+    start = time.perf_counter()
+    out = _launch(call, entry)
+    counters.add_compile_time(time.perf_counter() - start)
+    return out
+
+
+def _resize_and_run(call: _Call, entry: Entry):
+    spec, values = call.spec, call.values
+    for pos, shape in entry.resize:
+        values[pos].resize_(shape)
+    n = spec.n_positional
+    return execute(spec, tuple(values[:n]),
+                   {a.name: v for a, v in zip(spec.args[n:], values[n:])})
+
+
+def _launch(call: _Call, entry: Entry):
+    spec = call.spec
+    recs = call.recs
+    device = call.device if call.device is not None else _factory_device(spec, call.values)
+    if spec.lowering.random:
+        gen = next((v for a, v in zip(spec.args, call.values) if a.kind == GENERATOR), None)
+        seed, offset = _native.philox_next(gen, device, 1)
+        call.dyn.append(np.uint64(seed))
+        call.dyn.append(np.uint64(offset))
+    try:
+        results = entry.fn(recs, call.dyn)
+    except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
+        raise _runtime_error(spec, e) from e
+    n_out = len(entry.outs)
+    for i, buf in enumerate(entry.written):
+        recs[buf].set(results[n_out + i])
+    new_tensor = table.new_tensor
+    if entry.single:
+        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
+        return new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
+    fresh = [new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[i])
+             for i, (shape, stride, dtype, jdtype, nbytes) in enumerate(entry.outs)]
+    return _returns(spec, call.values, fresh)
+
+
+def _factory_device(spec: OpSpec, values: list) -> int:
+    for a, v in zip(spec.args, values):
+        if a.name == "device" and v is not None:
+            dev = torch.device(v)
+            return dev.index if dev.index is not None else _native.current_device()
+    return _native.current_device()
+
+
+def _returns(spec: OpSpec, values: list, fresh: list):
+    returns = spec.op._schema.returns
+    if not returns:
+        return None
+    mutated = iter(spec.mutated)
+    fresh_iter = iter(fresh)
+    out = []
+    for r in returns:
+        if r.alias_info is not None and r.alias_info.is_write:
+            out.append(values[next(mutated)])
+        elif str(r.type) in ("Tensor[]", "List[Tensor]"):
+            out.append(list(fresh_iter))
+        else:
+            out.append(next(fresh_iter))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _runtime_error(spec: OpSpec, e: Exception) -> Exception:
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" in text or "Out of memory" in text:
+        return torch.OutOfMemoryError(f"pjrt: out of device memory running {spec.op}: {text}")
+    return RuntimeError(f"pjrt: {spec.op} failed on the device: {text}")
+
+
+# ---------------------------------------------------------------- compiling
+def _meta_tensor(t: torch.Tensor) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.device.type != _PJRT:
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _meta_value(a: opspec.ArgSpec, v):
+    if a.kind in (TENSOR, OPT_TENSOR):
+        return None if v is None else _meta_tensor(v)
+    if a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+        return [None if t is None else _meta_tensor(t) for t in v]
+    if a.kind == GENERATOR:
+        return None
+    if isinstance(v, torch.device) and v.type == _PJRT:
+        return torch.device("meta")
+    return v
+
+
+def _run_meta(spec: OpSpec, values: list):
+    pos, kw = [], {}
+    metas = [_meta_value(a, v) for a, v in zip(spec.args, values)]
+    for a, m in zip(spec.args, metas):
+        if a.kwarg_only:
+            kw[a.name] = m
+        else:
+            pos.append(m)
+    return metas, spec.op(*pos, **kw)
+
+
+def _flat_tensors(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _flat_tensors(item)]
+    return []
+
+
+def _compile(call: _Call, key: tuple) -> Entry:
+    spec, values = call.spec, call.values
+    metas, meta_out = _run_meta(spec, values)
+    entry = Entry()
+
+    # Out tensors PyTorch would resize: resize them, then run again.
+    if spec.is_out:
+        resize = [(pos, tuple(metas[pos].shape)) for pos in spec.mutated
+                  if spec.args[pos].kind == TENSOR
+                  and tuple(metas[pos].shape) != tuple(values[pos].shape)]
+        if resize:
+            entry.resize = resize
+            return entry
+
+    # The views the program writes: each tensor of each mutated arg, in order.
+    for pos in spec.mutated:
+        part = key[1 + pos]
+        parts = part if spec.args[pos].kind in (TENSOR_LIST, OPT_TENSOR_LIST) else (part,)
+        entry.targets.extend(p[:5] for p in parts)
+    entry.written = tuple(dict.fromkeys(t[0] for t in entry.targets))
+    entry.donate = tuple(b for b in entry.written if call.recs[b].value is not None)
+
+    # Fresh outputs, laid out as the meta result says (PyTorch's strides).
+    fresh_meta = _fresh_outputs(spec, meta_out)
+    for m in fresh_meta:
+        shape, stride, jdtype = tuple(m.shape), tuple(m.stride()), dtypes.to_jax(m.dtype)
+        nbytes = table.storage_numel(shape, stride) * jdtype.itemsize
+        entry.outs.append((shape, stride, m.dtype, jdtype, nbytes))
+    returns = spec.op._schema.returns
+    entry.single = (len(returns) == 1 and returns[0].alias_info is None
+                    and str(returns[0].type) == "Tensor")
+
+    compute = _promotion(spec, metas, meta_out)
+    trace = _make_trace(spec, key, entry, compute, fresh_meta)
+    device = call.device if call.device is not None else _factory_device(spec, values)
+    sharding = jax.sharding.SingleDeviceSharding(_device(device))
+    n_bufs = len(call.recs)
+    order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+    jitted = jax.jit(trace, out_shardings=sharding,
+                     donate_argnums=tuple(range(len(entry.donate))))
+    entry.fn = _Launcher(jitted, None if order == list(range(n_bufs)) else order)
+    counters.count("compiles")
+    return entry
+
+
+def _device(index: int):
+    from ..runtime import client
+
+    return client.device(index)
+
+
+class _Launcher:
+    """Calls a jitted op with its storage buffers (donated ones first) and run-time scalars."""
+
+    __slots__ = ("jitted", "order")
+
+    def __init__(self, jitted, order: list[int] | None):
+        self.jitted = jitted
+        self.order = order
+
+    def __call__(self, recs: list, dyn: list):
+        if self.order is None:
+            return self.jitted(*[r.value for r in recs], *dyn)
+        return self.jitted(*[recs[i].value for i in self.order], *dyn)
+
+
+def _fresh_outputs(spec: OpSpec, meta_out) -> list[torch.Tensor]:
+    """The meta tensors of the returns that are new tensors (not aliases of inputs)."""
+    returns = spec.op._schema.returns
+    outs = meta_out if len(returns) > 1 else (meta_out,)
+    fresh = []
+    for r, m in zip(returns, outs):
+        if r.alias_info is None:
+            fresh.extend(_flat_tensors(m))
+    return fresh
+
+
+_KINDS = {
+    "default": ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
+    "int_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT,
+    "always_bool": ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL,
+    "complex_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.COMPLEX_TO_FLOAT,
+    "bool_to_long": ELEMENTWISE_TYPE_PROMOTION_KIND.BOOL_TO_LONG,
+    "no_opmath": ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH,
+}
+
+
+def _promotion(spec: OpSpec, metas: list, meta_out) -> dict[str, Any] | None:
+    """{arg name: computation dtype} for the operands the lowering wants promoted."""
+    lowering = spec.lowering
+    if lowering.promote is None:
+        return None
+    names = lowering.operands
+    if names is None:
+        names = tuple(a.name for a in spec.args
+                      if a.kind in (TENSOR, OPT_TENSOR, TENSOR_LIST, SCALAR) and not
+                      (spec.is_out and a.write))
+    by_name = {a.name: (a, m) for a, m in zip(spec.args, metas)}
+    operands = []
+    for n in names:
+        a, m = by_name[n]
+        if m is None:
+            continue
+        operands.extend(m if isinstance(m, list) else [m])
+    if lowering.promote == "result":
+        dtype = _flat_tensors(meta_out)[0].dtype
+    elif not operands:
+        return None
+    else:
+        dtype, _ = elementwise_dtypes(*operands, type_promotion_kind=_KINDS[lowering.promote])
+    return {n: dtypes.to_jax(dtype) for n in names}
+
+
+def _tensor_parts(spec: OpSpec, key: tuple):
+    """Every pjrt tensor part of a key, in argument order."""
+    for a, part in zip(spec.args, key[1:]):
+        if a.kind in (TENSOR, OPT_TENSOR):
+            parts = (part,)
+        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+            parts = part
+        else:
+            continue
+        for p in parts:
+            if p is not None and isinstance(p[0], int):
+                yield p
+
+
+def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, fresh_meta):
+    """The function jax.jit traces for one signature of one op."""
+    lowering = spec.lowering
+    arg_parts = key[1:]
+    buffer_shapes = {p[0]: (p[5], p[6]) for p in _tensor_parts(spec, key)}
+    meta_structs = [jax.ShapeDtypeStruct(tuple(m.shape), dtypes.to_jax(m.dtype))
+                    for m in fresh_meta]
+    out_specs = [(shape, stride, jdtype) for shape, stride, _, jdtype, _ in entry.outs]
+    n_targets = len(entry.targets)
+
+    n_bufs = len(buffer_shapes)
+    order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+
+    def trace(*flat):
+        bufs = [None] * n_bufs
+        for i, b in zip(order, flat[:n_bufs]):
+            bufs[i] = b
+        dyn = flat[n_bufs:]
+        for i, b in enumerate(bufs):
+            if b is None:  # an uninitialized storage reads as zeros
+                numel, dtype = buffer_shapes[i]
+                bufs[i] = jnp.zeros((numel,), dtype)
+        dyn_iter = iter(dyn)
+
+        def read(part):
+            if part is None:
+                return None
+            if part[0] == "cpu0":
+                return jnp.asarray(next(dyn_iter), dtypes.to_jax(part[1]))
+            if part[0] == "num":
+                return next(dyn_iter)
+            idx, dtype, shape, stride, offset = part[:5]
+            return views.read(bufs[idx], shape, stride, offset, dtypes.to_jax(dtype))
+
+        pos_args, kw_args = [], {}
+        for a, part in zip(spec.args, arg_parts):
+            kind = a.kind
+            if kind == GENERATOR or (spec.is_out and a.write):
+                continue
+            if kind in (TENSOR, OPT_TENSOR):
+                val = read(part)
+            elif kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+                val = [read(p) for p in part]
+            elif kind == SCALAR:
+                val = part[1] if isinstance(part, tuple) else next(dyn_iter)
+            else:
+                val = _unhashable(part)
+            if compute is not None and val is not None and a.name in compute:
+                val = _cast(val, compute[a.name])
+            if a.kwarg_only:
+                kw_args[a.name] = val
+            else:
+                pos_args.append(val)
+        if lowering.random:
+            seed, offset = next(dyn_iter), next(dyn_iter)
+            kw_args["key"] = jax.random.fold_in(jax.random.key(seed), offset)
+        if lowering.wants_meta:
+            kw_args["meta"] = meta_structs
+        results = _flatten_result(lowering.fn(*pos_args, **kw_args))
+
+        target_vals = results[:n_targets] if spec.mutated else []
+        fresh_vals = results[n_targets:] if spec.mutated else results
+        if len(fresh_vals) != len(out_specs):
+            raise ExecutionError(
+                f"the lowering of {spec.op} returned {len(results)} arrays; expected "
+                f"{n_targets} written + {len(out_specs)} new")
+        outs = [_layout(v, shape, stride, dtype)
+                for v, (shape, stride, dtype) in zip(fresh_vals, out_specs)]
+        new_bufs = {}
+        for (buf, dtype, shape, stride, offset), val in zip(entry.targets, target_vals):
+            val = jnp.broadcast_to(jnp.asarray(val).astype(dtypes.to_jax(dtype)), shape)
+            new_bufs[buf] = views.write(new_bufs.get(buf, bufs[buf]), val, shape, stride, offset)
+        return tuple(outs) + tuple(new_bufs[b] for b in entry.written)
+
+    return trace
+
+
+def _unhashable(v):
+    if isinstance(v, tuple) and v[:1] == ("device",):
+        return torch.device(v[1])
+    if isinstance(v, tuple):
+        return [_unhashable(x) for x in v]
+    return v
+
+
+def _cast(val, dtype):
+    if isinstance(val, list):
+        return [None if x is None else _cast(x, dtype) for x in val]
+    return jnp.asarray(val).astype(dtype)
+
+
+def _flatten_result(result) -> list:
+    if isinstance(result, (tuple, list)):
+        return [x for r in result for x in _flatten_result(r)]
+    return [result]
+
+
+def _layout(value, shape, stride, dtype):
+    value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+    n = math.prod(shape)
+    if table.storage_numel(shape, stride) == n:
+        return views.to_flat(value, stride)
+    flat = jnp.zeros((table.storage_numel(shape, stride),), dtype)
+    return views.write(flat, value, shape, stride, 0)

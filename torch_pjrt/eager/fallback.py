@@ -1,0 +1,104 @@
+"""Ops without a lowering: PyTorch's decomposition if there is one, else the CPU.
+
+The CPU path copies the inputs to the host, runs PyTorch's CPU kernel and copies
+the results back; mutated arguments are written back into the pjrt tensors, so
+in-place and out= semantics (and views of them) are kept. Every such op is
+counted in torch_pjrt.metrics() and reported once; TORCH_PJRT_CPU_FALLBACK=0
+turns it into an error.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch._decomp import decomposition_table
+
+from .. import _env, counters
+from . import opspec
+
+_warned: set[str] = set()
+_active_decomps: set = set()
+
+# Decompositions we do not take (they recurse into the op itself, or are slower
+# than the CPU), with a reason each.
+SKIP_DECOMPOSITION: dict[str, str] = {}
+
+
+def run(op: torch._ops.OpOverload, *args, **kwargs):
+    """The PrivateUse1 fallback kernel."""
+    decomp = decomposition_table.get(op)
+    if decomp is not None and op not in _active_decomps and str(op) not in SKIP_DECOMPOSITION:
+        counters.count("decompositions")
+        _active_decomps.add(op)
+        try:
+            return decomp(*args, **kwargs)
+        finally:
+            _active_decomps.discard(op)
+    return cpu_fallback(op, args, kwargs)
+
+
+def _pjrt_type() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    name = str(op)
+    if not _env.flag("TORCH_PJRT_CPU_FALLBACK"):
+        raise RuntimeError(
+            f"pjrt: {name} has no lowering for the pjrt device, and CPU fallback is off "
+            "(TORCH_PJRT_CPU_FALLBACK=0)"
+        )
+    counters.count_fallback(name)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"pjrt: {name} has no lowering; it runs on the CPU (inputs copied to the host and "
+            "back). See torch_pjrt.metrics()['cpu_fallbacks'].",
+            stacklevel=3,
+        )
+    pjrt = _pjrt_type()
+    device = None
+
+    def to_cpu(x):
+        nonlocal device
+        if isinstance(x, torch.Tensor) and x.device.type == pjrt:
+            device = device or x.device
+            return x.cpu()
+        if isinstance(x, torch.device) and x.type == pjrt:
+            device = device or x
+            return torch.device("cpu")
+        if isinstance(x, torch.Generator) and x.device.type == pjrt:
+            return None
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_cpu(v) for v in x)
+        return x
+
+    cpu_args = [to_cpu(a) for a in args]
+    cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    out = op(*cpu_args, **cpu_kwargs)
+
+    # Write mutated arguments back into the pjrt tensors they came from.
+    spec = opspec.spec(op)
+    originals = opspec.normalize(spec, args, kwargs)
+    copies = opspec.normalize(spec, tuple(cpu_args), cpu_kwargs)
+    for pos in spec.mutated:
+        orig, copy = originals[pos], copies[pos]
+        pairs = zip(orig, copy) if isinstance(orig, (list, tuple)) else [(orig, copy)]
+        for o, c in pairs:
+            if isinstance(o, torch.Tensor) and o.device.type == pjrt:
+                if o.shape != c.shape:
+                    o.resize_(c.shape)
+                o.copy_(c)
+
+    def back(x, ret_index=None):
+        if isinstance(x, torch.Tensor):
+            for pos in spec.mutated:
+                if copies[pos] is x:
+                    return originals[pos]
+            return x.to(device) if device is not None else x
+        if isinstance(x, (list, tuple)):
+            return type(x)(back(v) for v in x)
+        return x
+
+    return back(out)

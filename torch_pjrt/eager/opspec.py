@@ -1,0 +1,127 @@
+"""What the executor needs to know about an ATen overload, read once from its schema."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ..lowering import registry
+
+OpOverload = torch._ops.OpOverload
+
+TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, GENERATOR, OTHER = range(7)
+_NO_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    name: str
+    kind: int
+    write: bool  # mutated by the op (Tensor(a!))
+    kwarg_only: bool
+    default: object
+
+
+def _kind(t: torch._C.JitType) -> int:
+    text = str(t)
+    if text == "Tensor":
+        return TENSOR
+    if text == "Tensor?":
+        return OPT_TENSOR
+    if text in ("Tensor[]", "List[Tensor]"):
+        return TENSOR_LIST
+    if text in ("Tensor?[]", "List[Optional[Tensor]]"):
+        return OPT_TENSOR_LIST
+    if text in ("Scalar", "number"):
+        return SCALAR
+    if text in ("Generator?", "Generator", "Optional[Generator]"):
+        return GENERATOR
+    return OTHER
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    op: OpOverload
+    args: tuple[ArgSpec, ...]
+    n_positional: int
+    mutated: tuple[int, ...]  # indices of written args (self for x_, out for .out)
+    is_out: bool
+    is_view: bool  # returns an alias of an input without writing it
+    lowering: registry.Lowering | None  # own lowering or the functional counterpart's
+    uses_functional: bool  # lowering is the functional counterpart's
+    n_fresh_returns: int  # returns that are new tensors (not aliases of inputs)
+    kinds: tuple[int, ...]  # ArgSpec.kind of each argument
+    n_args: int
+    static_scalars: frozenset[str]  # Scalar args the lowering wants as Python values
+
+    def __str__(self) -> str:
+        return str(self.op)
+
+
+def _functional_counterpart(op: OpOverload) -> OpOverload | None:
+    """add_.Tensor -> add.Tensor; add.out -> add.Tensor; max.dim_max -> max.dim."""
+    schema = op._schema
+    packet_name = op._schema.name.split("::")[1]
+    ns = getattr(torch.ops, op.namespace)
+    if packet_name.endswith("_") and not packet_name.endswith("__"):
+        packet = getattr(ns, packet_name[:-1], None)
+        if packet is None:
+            return None
+        return getattr(packet, op._overloadname, None)
+    outs = [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None
+            and a.alias_info.is_write]
+    if not outs:
+        return None
+    want = [(a.name, str(a.type)) for a in schema.arguments if a not in outs]
+    packet = getattr(ns, packet_name)
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        if cand is op:
+            continue
+        args = cand._schema.arguments
+        if any(a.alias_info is not None and a.alias_info.is_write for a in args):
+            continue
+        if [(a.name, str(a.type)) for a in args] == want:
+            return cand
+    return None
+
+
+@functools.cache
+def spec(op: OpOverload) -> OpSpec:
+    schema = op._schema
+    args = []
+    for a in schema.arguments:
+        default = a.default_value if a.has_default_value() else _NO_DEFAULT
+        write = a.alias_info is not None and a.alias_info.is_write
+        args.append(ArgSpec(a.name, _kind(a.type), write, a.kwarg_only, default))
+    mutated = tuple(i for i, a in enumerate(args) if a.write)
+    is_out = any(args[i].kwarg_only for i in mutated)
+    is_view = not mutated and any(r.alias_info is not None for r in schema.returns)
+    lowering = registry.get(op)
+    uses_functional = False
+    if lowering is None and mutated:
+        functional = _functional_counterpart(op)
+        if functional is not None:
+            lowering = registry.get(functional)
+            uses_functional = lowering is not None
+    fresh = sum(1 for r in schema.returns if r.alias_info is None)
+    return OpSpec(
+        op, tuple(args), sum(1 for a in args if not a.kwarg_only), mutated, is_out, is_view,
+        lowering, uses_functional, fresh, tuple(a.kind for a in args), len(args),
+        lowering.static if lowering is not None else frozenset(),
+    )
+
+
+def normalize(s: OpSpec, args: tuple, kwargs: dict) -> list:
+    """The op's arguments in schema order, defaults filled in."""
+    values = list(args)
+    for a in s.args[len(args):]:
+        if a.name in kwargs:
+            values.append(kwargs[a.name])
+        elif a.default is not _NO_DEFAULT:
+            values.append(a.default)
+        else:
+            raise TypeError(f"{s.op}: missing argument {a.name!r}")
+    return values

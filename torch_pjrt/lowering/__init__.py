@@ -1,0 +1,1 @@
+"""Lowering: ATen ops to JAX, in one table (see registry)."""

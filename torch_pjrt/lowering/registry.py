@@ -1,0 +1,78 @@
+"""The lowering table: ATen op overload -> JAX function. One table for every mode.
+
+A lowering is a small pure function `(*arrays, **params) -> jax.Array(s)`,
+registered with `@lower(aten.op.overload, ...)` for every overload it covers.
+Type promotion, in-place and `out=` variants, views and output layout belong
+to the machinery around it (torch_pjrt.eager.executor), written once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+OpOverload = torch._ops.OpOverload
+
+# How the machinery casts an op's operands before calling the lowering, as in
+# torch._prims_common.ELEMENTWISE_TYPE_PROMOTION_KIND (by name), or None.
+PROMOTIONS = ("default", "int_to_float", "always_bool", "complex_to_float", "bool_to_long",
+              "no_opmath", "result")
+
+
+@dataclass(frozen=True)
+class Lowering:
+    op: OpOverload
+    fn: Callable
+    promote: str | None = None
+    operands: tuple[str, ...] | None = None  # args to promote; None: all tensor/Scalar args
+    static: frozenset[str] = frozenset()  # Scalar args passed as Python values
+    random: bool = False  # fn takes key= (a JAX PRNG key)
+    wants_meta: bool = False  # fn takes meta= (the output ShapeDtypeStructs)
+
+
+_TABLE: dict[OpOverload, Lowering] = {}
+
+
+def lower(
+    *ops: OpOverload,
+    promote: str | None = None,
+    operands: Iterable[str] | None = None,
+    static: Iterable[str] = (),
+    random: bool = False,
+) -> Callable[[Callable], Callable]:
+    """Register `fn` as the lowering of each listed overload."""
+    if promote is not None and promote not in PROMOTIONS:
+        raise ValueError(f"lower: unknown promotion {promote!r}; accepted: {PROMOTIONS}")
+
+    def register(fn: Callable) -> Callable:
+        wants_meta = "meta" in inspect.signature(fn).parameters
+        for op in ops:
+            if not isinstance(op, OpOverload):
+                raise TypeError(f"lower: {op!r} is not an OpOverload (name the overload, "
+                                "e.g. aten.add.Tensor)")
+            if op in _TABLE:
+                raise ValueError(f"lower: {op} already has a lowering "
+                                 f"({_TABLE[op].fn.__module__}.{_TABLE[op].fn.__name__})")
+            _TABLE[op] = Lowering(
+                op, fn, promote, tuple(operands) if operands is not None else None,
+                frozenset(static), random, wants_meta,
+            )
+        return fn
+
+    return register
+
+
+def get(op: OpOverload) -> Lowering | None:
+    return _TABLE.get(op)
+
+
+def table() -> dict[OpOverload, Lowering]:
+    return dict(_TABLE)
+
+
+def load_all() -> None:
+    """Import every lowering family so the table is complete."""
+    from . import families  # noqa: F401

@@ -1,0 +1,228 @@
+"""`torch.pjrt`: the device module, named like torch.cuda's functions."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+__all__ = [
+    "is_available", "is_initialized", "init", "device_count", "current_device", "set_device",
+    "device", "synchronize", "get_device_name", "manual_seed", "manual_seed_all", "seed",
+    "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all",
+    "set_rng_state_all", "default_generators", "memory_allocated", "max_memory_allocated",
+    "reset_peak_memory_stats", "memory_stats", "memory_reserved", "empty_cache",
+    "get_amp_supported_dtype", "is_bf16_supported", "Stream", "Event", "current_stream",
+    "default_stream", "stream",
+]
+
+
+def _runtime():
+    from .. import runtime
+
+    runtime.ensure_initialized()
+    return runtime
+
+
+def _index(device: Any = None) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return device.index if device.index is not None else current_device()
+
+
+def is_available() -> bool:
+    try:
+        return device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def is_initialized() -> bool:
+    from .. import runtime
+
+    return runtime._initialized
+
+
+def init() -> None:
+    _runtime()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    _runtime()
+    from . import client
+
+    return client.device_count()
+
+
+def current_device() -> int:
+    return _runtime().native().current_device()
+
+
+def set_device(device: Any) -> None:
+    _runtime().native().set_device(_index(device))
+
+
+class device(contextlib.ContextDecorator):
+    """Context manager that makes `device` the current pjrt device."""
+
+    def __init__(self, device: Any):
+        self.idx = _index(device)
+        self.prev = -1
+
+    def __enter__(self):
+        self.prev = current_device()
+        set_device(self.idx)
+
+    def __exit__(self, *exc):
+        set_device(self.prev)
+        return False
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait until all work queued on the device has finished."""
+    _runtime()
+    from . import sync
+
+    sync.synchronize(None if device is None else _index(device))
+
+
+def get_device_name(device: Any = None) -> str:
+    _runtime()
+    from . import client
+
+    d = client.device(_index(device))
+    return f"{d.platform}:{d.device_kind}"
+
+
+# ----------------------------------------------------------------------- RNG
+def default_generators() -> tuple[torch.Generator, ...]:
+    native = _runtime().native()
+    return tuple(native.default_generator(i) for i in range(device_count()))
+
+
+def _generator(device: Any = None) -> torch.Generator:
+    return _runtime().native().default_generator(_index(device))
+
+
+def manual_seed(seed: int) -> None:
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for g in default_generators():
+        g.manual_seed(int(seed))
+
+
+def seed() -> None:
+    _generator().seed()
+
+
+def seed_all() -> None:
+    for g in default_generators():
+        g.seed()
+
+
+def initial_seed() -> int:
+    return _generator().initial_seed()
+
+
+def get_rng_state(device: Any = "pjrt") -> torch.Tensor:
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "pjrt") -> None:
+    _generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [g.get_state() for g in default_generators()]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for g, s in zip(default_generators(), new_states):
+        g.set_state(s)
+
+
+# -------------------------------------------------------------------- memory
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live pjrt storages on the device."""
+    _runtime()
+    from . import memory
+
+    return memory.allocated(_index(device))
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    _runtime()
+    from . import memory
+
+    return memory.peak(_index(device))
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _runtime()
+    from . import memory
+
+    memory.reset_peak(_index(device))
+
+
+def memory_reserved(device: Any = None) -> int:
+    return memory_allocated(device)
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    _runtime()
+    from . import memory
+
+    return memory.stats(_index(device))
+
+
+def empty_cache() -> None:
+    """Free device memory no tensor uses: XLA frees buffers as soon as they die."""
+    import gc
+
+    gc.collect()
+
+
+# ------------------------------------------------------------------ autocast
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+# ------------------------------------------------------------------- streams
+# A PJRT device runs one queue of work in order: the default stream is the only
+# one, and waiting for a stream or event waits for the device.
+class Stream(torch.Stream):
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        return super().__new__(cls, device=torch.device("pjrt", _index(device)), priority=priority)
+
+
+class Event(torch.Event):
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess=False):
+        return super().__new__(cls, device="pjrt", enable_timing=enable_timing,
+                               blocking=blocking, interprocess=interprocess)
+
+
+def current_stream(device: Any = None) -> torch.Stream:
+    return torch.Stream(device=torch.device("pjrt", _index(device)))
+
+
+def default_stream(device: Any = None) -> torch.Stream:
+    return current_stream(device)
+
+
+@contextlib.contextmanager
+def stream(s: torch.Stream | None):
+    yield s

@@ -1,0 +1,299 @@
+// torch-pjrt native shim: the runtime hooks that PyTorch does not forward to
+// Python (device index, device guard, synchronize, generators, allocator).
+// Everything else in torch-pjrt is Python; this file only connects PyTorch's
+// C++ hook points to Python callbacks.
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr c10::DeviceType kPjrt = c10::DeviceType::PrivateUse1;
+
+thread_local c10::DeviceIndex current_device = 0;
+std::atomic<int> known_device_count{-1};
+bool shutting_down = false;
+
+// Python callbacks, set once by torch_pjrt.runtime. Leaked on purpose: they
+// must outlive every tensor, including those freed during interpreter exit.
+py::object* free_callback = nullptr;   // free(ptr: int) -> None
+py::object* sync_callback = nullptr;   // synchronize(device_index: int) -> None
+py::object* count_callback = nullptr;  // device_count() -> int (starts the PJRT client)
+
+// The device count is asked of Python on first use: it starts the PJRT
+// client, which `import torch` alone must not do.
+c10::DeviceIndex device_count() {
+  int n = known_device_count.load();
+  if (n >= 0) return c10::DeviceIndex(n);
+  if (count_callback == nullptr || shutting_down || !Py_IsInitialized()) return 1;
+  py::gil_scoped_acquire gil;
+  try {
+    n = (*count_callback)().cast<int>();
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("torch_pjrt: starting the PJRT client");
+    n = 0;
+  }
+  known_device_count.store(n);
+  return c10::DeviceIndex(n);
+}
+
+c10::DeviceIndex check_index(c10::DeviceIndex index) {
+  if (index < 0) return current_device;
+  auto count = device_count();
+  TORCH_CHECK(
+      index < count, "pjrt: invalid device index ", int(index),
+      " (there are ", int(count), " pjrt devices)");
+  return index;
+}
+
+void call_sync(c10::DeviceIndex index) {
+  if (shutting_down || sync_callback == nullptr || !Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  (*sync_callback)(int(index));
+}
+
+// ---------------------------------------------------------------- allocator
+// Device memory belongs to XLA buffers that Python keeps in a table keyed by
+// the storage's data pointer. The pointer is a unique, never-dereferenced
+// handle: the device index in the top byte, a counter below.
+void free_handle(void* ptr) {
+  if (shutting_down || free_callback == nullptr || !Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  try {
+    (*free_callback)(reinterpret_cast<uintptr_t>(ptr));
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("torch_pjrt storage free");
+  }
+}
+
+constexpr uint64_t kIndexShift = 52;
+constexpr uint64_t kAlign = 256;
+
+struct PjrtAllocator final : c10::Allocator {
+  std::atomic<uint64_t> next{kAlign};
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DeviceIndex index = current_device;
+    uint64_t span = ((nbytes + kAlign - 1) / kAlign + 1) * kAlign;
+    uint64_t offset = next.fetch_add(span);
+    TORCH_CHECK(offset + span < (1ULL << kIndexShift), "pjrt: handle space exhausted");
+    void* ptr = reinterpret_cast<void*>(
+        (uint64_t(index + 1) << kIndexShift) | offset);
+    return {ptr, ptr, &free_handle, c10::Device(kPjrt, index)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "pjrt: device memory cannot be copied by the host allocator");
+  }
+};
+
+PjrtAllocator allocator;
+
+c10::DeviceIndex index_from_ptr(const void* ptr) {
+  auto bits = reinterpret_cast<uint64_t>(ptr) >> kIndexShift;
+  return bits == 0 ? current_device : c10::DeviceIndex(bits - 1);
+}
+
+// ---------------------------------------------------------------- generator
+// A counter-based generator like CUDA's Philox one: a seed and an offset that
+// each random op advances. Python turns (seed, offset) into a JAX key.
+struct PjrtGenerator final : c10::GeneratorImpl {
+  uint64_t seed_ = c10::default_rng_seed_val;
+  uint64_t offset_ = 0;
+
+  explicit PjrtGenerator(c10::DeviceIndex index)
+      : c10::GeneratorImpl(c10::Device(kPjrt, index),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+
+  void set_current_seed(uint64_t seed) override { seed_ = seed; offset_ = 0; }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    set_current_seed(c10::detail::getNonDeterministicRandom());
+    return seed_;
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.numel() == 16 && state.dtype().itemsize() == 1,
+                "pjrt: RNG state must be a 16-byte uint8 tensor (seed, offset), got ",
+                state.numel(), " elements");
+    const auto* data = static_cast<const uint8_t*>(state.data());
+    std::memcpy(&seed_, data, 8);
+    std::memcpy(&offset_, data + 8, 8);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto state = at::detail::empty_cpu({16}, c10::ScalarType::Byte, std::nullopt,
+                                       std::nullopt, std::nullopt, std::nullopt);
+    auto* data = static_cast<uint8_t*>(state.mutable_data_ptr());
+    std::memcpy(data, &seed_, 8);
+    std::memcpy(data + 8, &offset_, 8);
+    return state.getIntrusivePtr();
+  }
+  PjrtGenerator* clone_impl() const override {
+    auto* gen = new PjrtGenerator(device().index());
+    gen->seed_ = seed_;
+    gen->offset_ = offset_;
+    return gen;
+  }
+};
+
+std::deque<at::Generator>& default_generators() {
+  static std::deque<at::Generator> gens;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i)
+      gens.emplace_back(at::make_generator<PjrtGenerator>(i));
+  });
+  return gens;
+}
+
+// ------------------------------------------------------------- device guard
+struct PjrtGuard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kPjrt; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = current_device;
+    if (d.index() >= 0) current_device = check_index(d.index());
+    return c10::Device(kPjrt, old);
+  }
+  c10::Device getDevice() const override { return c10::Device(kPjrt, current_device); }
+  void setDevice(c10::Device d) const override {
+    if (d.index() >= 0) current_device = check_index(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < device_count()) current_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kPjrt, check_index(d.index())));
+  }
+  c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+  // Events: one PJRT device runs its work in order, so an event is the
+  // device index it was recorded on, and waiting for it waits for the device.
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
+    *event = reinterpret_cast<void*>(intptr_t(stream.device_index()) + 1);
+  }
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void* event) const override {
+    if (event) call_sync(c10::DeviceIndex(reinterpret_cast<intptr_t>(event) - 1));
+    return true;
+  }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void synchronizeEvent(void* event) const override {
+    if (event) call_sync(c10::DeviceIndex(reinterpret_cast<intptr_t>(event) - 1));
+  }
+  double elapsedTime(void*, void*, const c10::DeviceIndex) const override {
+    TORCH_CHECK(false, "pjrt: event timing is not supported; use torch.profiler");
+  }
+  bool queryStream(const c10::Stream& stream) const override {
+    call_sync(stream.device_index());
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    call_sync(stream.device_index());
+  }
+  void synchronizeDevice(const c10::DeviceIndex index) const override {
+    call_sync(index < 0 ? current_device : index);
+  }
+};
+
+// -------------------------------------------------------------------- hooks
+struct PjrtHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return device_count() > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { current_device = check_index(d); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    auto old = current_device;
+    current_device = check_index(d);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    return exchangeDevice(d);
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    return default_generators().at(check_index(index));
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return at::make_generator<PjrtGenerator>(check_index(index));
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    return c10::Device(kPjrt, index_from_ptr(data));
+  }
+  bool isPinnedPtr(const void*) const override { return false; }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return c10::GetAllocator(c10::DeviceType::CPU);
+  }
+  void resizePrivateUse1Bytes(const c10::Storage&, size_t) const override {
+    TORCH_CHECK(false, "pjrt: storages are resized by torch_pjrt, not in place");
+  }
+};
+
+PjrtHooks hooks;
+PjrtGuard guard;
+
+// ------------------------------------------------------------ python entry
+void install(py::object count_fn, py::object free_fn, py::object sync_fn) {
+  count_callback = new py::object(std::move(count_fn));
+  free_callback = new py::object(std::move(free_fn));
+  sync_callback = new py::object(std::move(sync_fn));
+  c10::SetAllocator(kPjrt, &allocator, /*priority=*/100);
+  c10::impl::registerDeviceGuard(kPjrt, &guard);
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+}
+
+at::Tensor empty_strided(const std::vector<int64_t>& size,
+                         const std::vector<int64_t>& stride,
+                         c10::ScalarType dtype, int index) {
+  c10::DeviceIndex old = current_device;
+  current_device = check_index(c10::DeviceIndex(index));
+  auto t = at::detail::empty_strided_generic(
+      size, stride, &allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  current_device = old;
+  return t;
+}
+
+// (seed, offset) for a random op that draws `increment` keys, advancing the
+// generator. `gen` is None for the device's default generator.
+std::pair<uint64_t, uint64_t> philox_next(std::optional<at::Generator> gen, int index,
+                                          uint64_t increment) {
+  at::Generator g = gen.has_value() ? *gen : default_generators().at(check_index(index));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  auto* impl = g.get<PjrtGenerator>();
+  TORCH_CHECK(impl != nullptr && g.device().type() == kPjrt,
+              "pjrt: expected a pjrt generator, got one on ", g.device());
+  auto out = std::make_pair(impl->seed_, impl->offset_);
+  impl->offset_ += increment;
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("install", &install);
+  m.def("empty_strided", &empty_strided);
+  m.def("set_free_callback", [](py::object fn) { free_callback = new py::object(std::move(fn)); });
+  m.def("philox_next", &philox_next);
+  m.def("default_generator", [](int i) { return default_generators().at(check_index(c10::DeviceIndex(i))); });
+  m.def("current_device", [] { return int(current_device); });
+  m.def("set_device", [](int i) { current_device = check_index(c10::DeviceIndex(i)); });
+  m.def("device_from_ptr", [](uint64_t p) { return int(index_from_ptr(reinterpret_cast<void*>(p))); });
+  m.def("shutdown", [] { shutting_down = true; });
+}

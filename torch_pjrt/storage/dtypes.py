@@ -1,0 +1,53 @@
+"""The dtypes a pjrt tensor can have, as data: torch dtype <-> JAX dtype."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(jnp.bool_),
+    torch.uint8: np.dtype(jnp.uint8),
+    torch.int8: np.dtype(jnp.int8),
+    torch.int16: np.dtype(jnp.int16),
+    torch.int32: np.dtype(jnp.int32),
+    torch.int64: np.dtype(jnp.int64),
+    torch.uint16: np.dtype(jnp.uint16),
+    torch.uint32: np.dtype(jnp.uint32),
+    torch.uint64: np.dtype(jnp.uint64),
+    torch.float16: np.dtype(jnp.float16),
+    torch.bfloat16: np.dtype(jnp.bfloat16),
+    torch.float32: np.dtype(jnp.float32),
+    torch.float64: np.dtype(jnp.float64),
+    torch.complex64: np.dtype(jnp.complex64),
+    torch.complex128: np.dtype(jnp.complex128),
+    torch.float8_e4m3fn: np.dtype(jnp.float8_e4m3fn),
+    torch.float8_e5m2: np.dtype(jnp.float8_e5m2),
+}
+JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+# Dtypes a platform's PJRT plugin cannot hold (checked when a tensor is made).
+UNSUPPORTED_ON: dict[str, frozenset[torch.dtype]] = {
+    "tpu": frozenset({torch.float64, torch.complex128}),
+    "neuron": frozenset({torch.float64, torch.complex128, torch.complex64}),
+}
+
+
+def to_jax(dtype: torch.dtype) -> np.dtype:
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_JAX)
+        raise TypeError(
+            f"pjrt: dtype {dtype} is not supported on the pjrt device (supported: {supported})"
+        ) from None
+
+
+def to_torch(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[np.dtype(dtype)]
+
+
+def check_platform(dtype: torch.dtype, platform: str) -> None:
+    if dtype in UNSUPPORTED_ON.get(platform, ()):
+        raise TypeError(f"pjrt: dtype {dtype} is not supported on the {platform} platform")

@@ -1,0 +1,125 @@
+"""Device storages: one flat XLA buffer per PyTorch storage, keyed by its data pointer.
+
+The native allocator hands PyTorch a unique handle as the storage's data pointer
+and calls `free` when the storage dies; this table maps the handle to the
+buffer. Views are PyTorch metadata over the same storage, so they share it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..runtime import client, memory
+from . import dtypes
+
+
+class StorageRecord:
+    """The device buffer behind one PyTorch storage.
+
+    `value` is a flat jax.Array of `dtype` with `numel` elements, or None while
+    the storage is uninitialized (torch.empty): it reads as zeros.
+    """
+
+    __slots__ = ("value", "dtype", "numel", "nbytes", "device")
+
+    def __init__(self, dtype: np.dtype, nbytes: int, device: int, value=None):
+        if nbytes % dtype.itemsize:
+            dtype = np.dtype(np.uint8)
+        self.dtype = dtype
+        self.nbytes = nbytes
+        self.numel = nbytes // dtype.itemsize
+        self.device = device
+        self.value = value
+
+    def get(self):
+        """The buffer, materializing zeros for an uninitialized storage."""
+        if self.value is None:
+            self.value = _zeros(self.numel, self.dtype, self.device)
+        return self.value
+
+    def set(self, value) -> None:
+        self.value = value
+        self.dtype = np.dtype(value.dtype)
+        self.numel = value.shape[0]
+
+
+_records: dict[int, StorageRecord] = {}
+_native = None  # the shim, set by install()
+
+
+def install(native) -> None:
+    global _native
+    _native = native
+
+
+def free(ptr: int) -> None:
+    """Called by the native allocator when a storage dies."""
+    rec = _records.pop(ptr, None)
+    if rec is not None:
+        memory.release(rec.device, rec.nbytes)
+
+
+def record(storage: torch.UntypedStorage) -> StorageRecord:
+    """The record of a pjrt storage (created for storages made outside torch_pjrt)."""
+    ptr = storage.data_ptr()
+    rec = _records.get(ptr)
+    if rec is None:
+        nbytes = storage.nbytes()
+        device = storage.device.index or 0
+        memory.reserve(device, nbytes)
+        rec = _records[ptr] = StorageRecord(np.dtype(np.uint8), nbytes, device)
+    return rec
+
+
+def record_of(t: torch.Tensor) -> StorageRecord:
+    return record(t.untyped_storage())
+
+
+def empty_strided(shape, stride, dtype: torch.dtype, device: int, value=None) -> torch.Tensor:
+    """A new pjrt tensor with its own storage, holding `value` (a flat buffer) or nothing."""
+    jdtype = dtypes.to_jax(dtype)
+    dtypes.check_platform(dtype, client.platform())
+    nbytes = storage_numel(shape, stride) * jdtype.itemsize
+    return new_tensor(shape, stride, dtype, jdtype, nbytes, device, value)
+
+
+def new_tensor(shape, stride, dtype: torch.dtype, jdtype: np.dtype, nbytes: int, device: int,
+               value) -> torch.Tensor:
+    """empty_strided with everything precomputed: the executor's hot path."""
+    memory.reserve(device, nbytes)
+    try:
+        t = _native.empty_strided(shape, stride, dtype, device)
+    except BaseException:
+        memory.release(device, nbytes)
+        raise
+    _records[t.untyped_storage().data_ptr()] = StorageRecord(jdtype, nbytes, device, value)
+    return t
+
+
+def live_records() -> list[StorageRecord]:
+    return list(_records.values())
+
+
+_zeros_cache: dict = {}
+
+
+def _zeros(numel: int, dtype: np.dtype, device: int):
+    key = (numel, dtype, device)
+    fn = _zeros_cache.get(key)
+    if fn is None:
+        sharding = jax.sharding.SingleDeviceSharding(client.device(device))
+        fn = _zeros_cache[key] = jax.jit(
+            lambda: jnp.zeros((numel,), dtype), out_shardings=sharding
+        )
+    return fn()
+
+
+def storage_numel(shape, stride) -> int:
+    """Elements of storage a view (shape, stride, offset 0) spans."""
+    if not all(shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+

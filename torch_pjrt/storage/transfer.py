@@ -1,0 +1,52 @@
+"""Host <-> device transfers: CPU tensors to XLA buffers and back."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from .. import counters
+from ..runtime import client
+from . import dtypes
+
+# numpy has no bfloat16/float8: move those as same-width integers and reinterpret.
+_CARRIER = {
+    torch.bfloat16: torch.int16,
+    torch.float16: None,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+    torch.uint16: None,
+}
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor as a numpy array with the matching JAX dtype."""
+    carrier = _CARRIER.get(t.dtype)
+    if carrier is not None:
+        return t.view(carrier).numpy().view(dtypes.to_jax(t.dtype))
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray) -> torch.Tensor:
+    """A numpy array (any JAX dtype) as a CPU tensor that owns a copy of its data."""
+    dtype = dtypes.to_torch(a.dtype)
+    carrier = _CARRIER.get(dtype)
+    if carrier is not None:
+        a = a.view(dtypes.to_jax(carrier))
+        return torch.from_numpy(np.array(a, copy=True)).view(dtype)
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+def host_to_device(t: torch.Tensor, device: int) -> jax.Array:
+    """A flat device buffer holding the elements of CPU tensor `t` in row-major order."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    counters.count("host_to_device_bytes", t.numel() * t.element_size())
+    return jax.device_put(to_numpy(t).reshape(-1), client.device(device), may_alias=False)
+
+
+def device_to_host(buf: jax.Array, shape) -> torch.Tensor:
+    """A CPU tensor with the contents of a dense device buffer (waits for it)."""
+    a = np.asarray(buf)
+    counters.count("device_to_host_bytes", a.nbytes)
+    return from_numpy(a).reshape(shape)

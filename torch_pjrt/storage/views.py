@@ -1,0 +1,191 @@
+"""Reading and writing a strided view of a flat storage buffer, as traced JAX code.
+
+A pjrt storage is one flat XLA buffer; a tensor is (shape, stride, offset, dtype)
+over it, exactly as PyTorch describes it. These functions run inside the jitted
+program of an op, where the view metadata is static, so XLA sees plain slices,
+reshapes and transposes (a gather or scatter only for overlapping views).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+Shape = tuple[int, ...]
+
+
+def contiguous_strides(shape: Sequence[int]) -> Shape:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+# ------------------------------------------------------------ reinterpretation
+def _to_bytes(x):
+    """A flat array as its raw bytes (uint8), for dtype reinterpretation."""
+    if x.dtype == jnp.uint8:
+        return x
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint8)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        part = jnp.float32 if x.dtype == jnp.complex64 else jnp.float64
+        x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).astype(part).reshape(-1)
+    return lax.bitcast_convert_type(x, jnp.uint8).reshape(-1)
+
+
+def _from_bytes(b, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.uint8:
+        return b
+    if dtype == np.bool_:
+        return b != 0
+    if np.issubdtype(dtype, np.complexfloating):
+        part = np.float32 if dtype == np.complex64 else np.float64
+        f = _from_bytes(b, part).reshape(-1, 2)
+        return lax.complex(f[:, 0], f[:, 1])
+    size = dtype.itemsize
+    usable = (b.shape[0] // size) * size
+    if usable != b.shape[0]:
+        b = b[:usable]
+    if size == 1:
+        return lax.bitcast_convert_type(b, dtype)
+    return lax.bitcast_convert_type(b.reshape(-1, size), dtype)
+
+
+def reinterpret(flat, dtype):
+    """The bytes of `flat` read as `dtype` (PyTorch's Tensor.view(dtype))."""
+    dtype = np.dtype(dtype)
+    if flat.dtype == dtype:
+        return flat
+    src = np.dtype(flat.dtype)
+    simple = (np.bool_, np.complex64, np.complex128)
+    if src.itemsize == dtype.itemsize and src.type not in simple and dtype.type not in simple:
+        return lax.bitcast_convert_type(flat, dtype)
+    return _from_bytes(_to_bytes(flat), dtype)
+
+
+# ---------------------------------------------------------------- view plans
+def _block_plan(shape, stride):
+    """Express a strided view as prefix-slices of a reshaped flat block.
+
+    Returns (order, block_dims) or None. `order` lists the view's real dims by
+    decreasing stride; the view is block.reshape(block_dims)[:, :n1, ..., :nk, :1]
+    transposed back. Works when each stride divides the next larger one and
+    dims do not overlap; otherwise the caller uses a gather or scatter.
+    """
+    order = [i for i in range(len(shape)) if shape[i] != 1 and stride[i] != 0]
+    if any(stride[i] < 0 for i in order):
+        return None
+    order.sort(key=lambda i: -stride[i])
+    for a, b in zip(order, order[1:]):
+        if stride[b] == 0 or stride[a] % stride[b] or stride[a] < stride[b] * shape[b]:
+            return None
+    if not order:
+        return order, (1,)
+    s = [stride[i] for i in order]
+    block = [shape[order[0]]] + [s[j - 1] // s[j] for j in range(1, len(s))] + [s[-1]]
+    return order, tuple(block)
+
+
+def _segment(flat, offset, length):
+    """flat[offset:offset+length], zero-padded where it runs past the end."""
+    end = offset + length
+    if end > flat.shape[0]:
+        flat = jnp.pad(flat, (0, end - flat.shape[0]))
+    return lax.slice(flat, (offset,), (end,))
+
+
+def _indices(shape, stride, offset):
+    idx = jnp.full(shape, offset, dtype=jnp.int64)
+    for d, (n, s) in enumerate(zip(shape, stride)):
+        if n != 1 and s != 0:
+            idx = idx + lax.broadcasted_iota(jnp.int64, shape, d) * s
+    return idx
+
+
+def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
+    """The tensor (shape, stride, offset) of a flat buffer, as a dense array."""
+    if dtype is not None:
+        flat = reinterpret(flat, dtype)
+    numel = math.prod(shape)
+    if numel == 0:
+        return jnp.zeros(shape, flat.dtype)
+    if is_contiguous(shape, stride):
+        if offset == 0 and numel == flat.shape[0]:
+            return flat.reshape(shape)
+        return _segment(flat, offset, numel).reshape(shape)
+    plan = _block_plan(shape, stride)
+    if plan is None:
+        return flat.at[_indices(shape, stride, offset)].get(mode="promise_in_bounds")
+    order, block = plan
+    seg = _segment(flat, offset, math.prod(block)).reshape(block)
+    limits = (block[0],) + tuple(shape[i] for i in order[1:]) + (1,)
+    dense = lax.slice(seg, (0,) * len(block), limits).reshape([shape[i] for i in order])
+    # dense has the real dims in `order`; put them back in view order, then
+    # restore size-1 dims and broadcast stride-0 dims.
+    real = sorted(order)
+    dense = jnp.transpose(dense, [order.index(i) for i in real])
+    kept = [shape[i] if i in real else 1 for i in range(len(shape))]
+    return jnp.broadcast_to(dense.reshape(kept), shape)
+
+
+def write(flat, value, shape: Shape, stride: Shape, offset: int):
+    """`flat` with the view (shape, stride, offset) replaced by `value`.
+
+    `value` must already have the view's shape; its dtype decides the dtype of
+    the returned buffer (the storage is reinterpreted when they differ).
+    """
+    flat = reinterpret(flat, value.dtype)
+    numel = math.prod(shape)
+    if numel == 0:
+        return flat
+    if is_contiguous(shape, stride):
+        if offset == 0 and numel == flat.shape[0]:
+            return value.reshape(-1)
+        return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
+    # A stride-0 dim aliases one location many times; PyTorch refuses such
+    # writes earlier, except when every copy is equal, so keep index 0.
+    shape = list(shape)
+    for d, s in enumerate(stride):
+        if s == 0 and shape[d] != 1:
+            value = lax.slice_in_dim(value, 0, 1, axis=d)
+            shape[d] = 1
+    shape = tuple(shape)
+    plan = _block_plan(shape, stride)
+    if plan is None:
+        return flat.at[_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
+    order, block = plan
+    length = math.prod(block)
+    end = offset + length
+    padded = jnp.pad(flat, (0, end - flat.shape[0])) if end > flat.shape[0] else flat
+    seg = lax.slice(padded, (offset,), (end,)).reshape(block)
+    dense = jnp.transpose(value.reshape([shape[i] for i in sorted(order)]),
+                          [sorted(order).index(i) for i in order])
+    dense = dense.reshape((block[0],) + tuple(shape[i] for i in order[1:]) + (1,))
+    seg = lax.dynamic_update_slice(seg, dense, (0,) * len(block))
+    padded = lax.dynamic_update_slice(padded, seg.reshape(-1), (offset,))
+    return padded[: flat.shape[0]] if end > flat.shape[0] else padded
+
+
+def to_flat(value, stride: Shape):
+    """A dense result laid out in memory with the given (dense) strides."""
+    shape = value.shape
+    if is_contiguous(shape, stride):
+        return value.reshape(-1)
+    order = sorted(range(len(shape)), key=lambda i: (-stride[i], -i))
+    return jnp.transpose(value, order).reshape(-1)
