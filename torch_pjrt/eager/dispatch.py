@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..lowering import registry
+from ..lowering import checks, registry
 from ..storage import table, transfer, views
-from . import executor, fallback, opspec
+from . import dynamic, executor, fallback, opspec
 
 aten = torch.ops.aten
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -34,13 +34,6 @@ METADATA_OPS = (
     aten.swapdims_.default, aten.swapaxes_.default,
     aten.set_.source_Storage, aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor,
 )
-
-
-def _metadata_kernel(op):
-    def kernel(*args, **kwargs):
-        return op.redispatch(_CPU_KEYS, *args, **kwargs)
-
-    return kernel
 
 
 def _executor_kernel(spec: opspec.OpSpec):
@@ -69,10 +62,9 @@ def lowered_ops() -> list[torch._ops.OpOverload]:
     """Every overload the executor serves: lowered ops and their variants."""
     ops = []
     for op in registry.table():
-        if op.namespace != "aten":
-            continue
         ops.append(op)
-        ops.extend(v for v in _variants(op) if registry.get(v) is None)
+        if op.namespace == "aten":
+            ops.extend(v for v in _variants(op) if registry.get(v) is None)
     return list(dict.fromkeys(ops))
 
 
@@ -109,8 +101,10 @@ def dense_buffer(t: torch.Tensor):
 
 
 def to_cpu(t: torch.Tensor) -> torch.Tensor:
-    """A dense CPU copy of a pjrt tensor (waits for the device)."""
-    return transfer.device_to_host(dense_buffer(t), t.shape)
+    """A dense CPU copy of a pjrt tensor (waits for the device): a synchronization point."""
+    buf = dense_buffer(t)
+    checks.raise_pending()
+    return transfer.device_to_host(buf, t.shape)
 
 
 def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
@@ -179,8 +173,10 @@ def _resize_(self: torch.Tensor, size, memory_format=None):
     return aten.resize_.default.redispatch(_CPU_KEYS, self, size, memory_format=memory_format)
 
 
+_extra_libs: list[torch.library.Library] = []
 _COPY_SPEC: opspec.OpSpec | None = None
-_TO_COPY_SPEC: opspec.OpSpec | None = None
+_TO_extra_libs: list[torch.library.Library] = []
+_COPY_SPEC: opspec.OpSpec | None = None
 
 SPECIAL_KERNELS = {
     aten.empty.memory_format: _empty_memory_format,
@@ -192,20 +188,44 @@ SPECIAL_KERNELS = {
 }
 
 
+def _via_executor(op):
+    spec = opspec.spec(op)
+
+    def run(*args):
+        return executor.execute(spec, args, {})
+
+    return run
+
+
+def _masked_kernels() -> dict:
+    """Indexing ops that take boolean masks: masks become indices first."""
+    return {
+        aten.index.Tensor: dynamic.make_index(_via_executor(aten.index.Tensor)),
+        aten.index_put.default: dynamic.make_index_put(_via_executor(aten.index_put.default)),
+        aten.index_put_.default: dynamic.make_index_put(_via_executor(aten.index_put_.default)),
+        aten._index_put_impl_.default: dynamic.make_index_put(
+            _via_executor(aten.index_put_.default)),
+        aten.nonzero.default: dynamic.nonzero,
+        aten.masked_select.default: dynamic.masked_select,
+    }
+
+
 def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> None:
     global _COPY_SPEC, _TO_COPY_SPEC
     registry.load_all()
     _COPY_SPEC = opspec.spec(aten.copy_.default)
     _TO_COPY_SPEC = opspec.spec(aten._to_copy.default)
-    for op in METADATA_OPS:
-        lib.impl(_qualname(op), _metadata_kernel(op))
-    special = set(SPECIAL_KERNELS)
-    for op, fn in SPECIAL_KERNELS.items():
+    executor._native.register_metadata_ops([_qualname(op) for op in METADATA_OPS])
+    special = {**SPECIAL_KERNELS, **_masked_kernels()}
+    for op, fn in special.items():
         lib.impl(_qualname(op), fn)
+    pjrt_lib = torch.library.Library("pjrt", "IMPL", "PrivateUse1")
     for op in lowered_ops():
         if op in special or op in METADATA_OPS:
             continue
-        lib.impl(_qualname(op), _executor_kernel(opspec.spec(op)))
+        target = lib if op.namespace == "aten" else pjrt_lib
+        target.impl(_qualname(op), _executor_kernel(opspec.spec(op)))
+    _extra_libs.append(pjrt_lib)
     fallback_lib.fallback(fallback.run)
 
 

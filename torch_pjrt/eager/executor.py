@@ -23,6 +23,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from .. import counters
+from ..lowering import checks
 from ..storage import dtypes, table, views
 from . import opspec
 from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST, OpSpec
@@ -46,7 +47,7 @@ class ExecutionError(RuntimeError):
 class Entry:
     """A compiled op for one input signature."""
 
-    __slots__ = ("fn", "outs", "single", "targets", "written", "donate", "resize")
+    __slots__ = ("fn", "outs", "single", "targets", "written", "donate", "resize", "checks")
 
     def __init__(self):
         self.fn = None
@@ -57,6 +58,7 @@ class Entry:
         self.written: tuple[int, ...] = ()  # storage buffers the program returns, in order
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
+        self.checks: list[tuple] | None = None  # (error, message) of device-side checks
 
 
 _cache: dict[tuple, Entry] = {}
@@ -208,15 +210,23 @@ def _launch(call: _Call, entry: Entry):
         results = entry.fn(recs, call.dyn)
     except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
         raise _runtime_error(spec, e) from e
-    n_out = len(entry.outs)
-    for i, buf in enumerate(entry.written):
-        recs[buf].set(results[n_out + i])
+    if entry.checks is not None:
+        checks.defer(results[-1], entry.checks, str(spec.op))
     new_tensor = table.new_tensor
     if entry.single:
         shape, stride, dtype, jdtype, nbytes = entry.outs[0]
         return new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
-    fresh = [new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[i])
-             for i, (shape, stride, dtype, jdtype, nbytes) in enumerate(entry.outs)]
+    fresh = []
+    i = 0
+    for out in entry.outs:
+        if out is None:
+            fresh.append(None)
+        else:
+            fresh.append(new_tensor(*out, device, results[i]))
+            i += 1
+    for buf in entry.written:
+        recs[buf].set(results[i])
+        i += 1
     return _returns(spec, call.values, fresh)
 
 
@@ -315,15 +325,24 @@ def _compile(call: _Call, key: tuple) -> Entry:
     # Fresh outputs, laid out as the meta result says (PyTorch's strides).
     fresh_meta = _fresh_outputs(spec, meta_out)
     for m in fresh_meta:
+        if m is None:  # an undefined tensor (e.g. a gradient output_mask turned off)
+            entry.outs.append(None)
+            continue
         shape, stride, jdtype = tuple(m.shape), tuple(m.stride()), dtypes.to_jax(m.dtype)
         nbytes = table.storage_numel(shape, stride) * jdtype.itemsize
         entry.outs.append((shape, stride, m.dtype, jdtype, nbytes))
     returns = spec.op._schema.returns
-    entry.single = (len(returns) == 1 and returns[0].alias_info is None
+    entry.single = (not entry.written and len(returns) == 1 and returns[0].alias_info is None
                     and str(returns[0].type) == "Tensor")
 
     compute = _promotion(spec, metas, meta_out)
-    trace = _make_trace(spec, key, entry, compute, fresh_meta)
+    # What the lowering computes: the written tensors' values, else the fresh outputs.
+    if spec.mutated:
+        computed = [m for pos in spec.mutated for m in
+                    (metas[pos] if isinstance(metas[pos], list) else [metas[pos]])]
+    else:
+        computed = fresh_meta
+    trace = _make_trace(spec, key, entry, compute, computed)
     device = call.device if call.device is not None else _factory_device(spec, values)
     sharding = jax.sharding.SingleDeviceSharding(_device(device))
     n_bufs = len(call.recs)
@@ -363,7 +382,7 @@ def _fresh_outputs(spec: OpSpec, meta_out) -> list[torch.Tensor]:
     fresh = []
     for r, m in zip(returns, outs):
         if r.alias_info is None:
-            fresh.extend(_flat_tensors(m))
+            fresh.extend(_flat_tensors(m) if m is not None else [None])
     return fresh
 
 
@@ -417,14 +436,15 @@ def _tensor_parts(spec: OpSpec, key: tuple):
                 yield p
 
 
-def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, fresh_meta):
+def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
     """The function jax.jit traces for one signature of one op."""
     lowering = spec.lowering
     arg_parts = key[1:]
     buffer_shapes = {p[0]: (p[5], p[6]) for p in _tensor_parts(spec, key)}
-    meta_structs = [jax.ShapeDtypeStruct(tuple(m.shape), dtypes.to_jax(m.dtype))
-                    for m in fresh_meta]
-    out_specs = [(shape, stride, jdtype) for shape, stride, _, jdtype, _ in entry.outs]
+    meta_structs = [None if m is None else
+                    jax.ShapeDtypeStruct(tuple(m.shape), dtypes.to_jax(m.dtype))
+                    for m in computed]
+    out_specs = [None if o is None else o[:2] + o[3:4] for o in entry.outs]
     n_targets = len(entry.targets)
 
     n_bufs = len(buffer_shapes)
@@ -475,7 +495,9 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, fresh_meta):
             kw_args["key"] = jax.random.fold_in(jax.random.key(seed), offset)
         if lowering.wants_meta:
             kw_args["meta"] = meta_structs
-        results = _flatten_result(lowering.fn(*pos_args, **kw_args))
+        with checks.CheckCollector() as collected:
+            results = _flatten_result(lowering.fn(*pos_args, **kw_args))
+        entry.checks = [(err, msg) for _, err, msg in collected.checks] or None
 
         target_vals = results[:n_targets] if spec.mutated else []
         fresh_vals = results[n_targets:] if spec.mutated else results
@@ -483,13 +505,13 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, fresh_meta):
             raise ExecutionError(
                 f"the lowering of {spec.op} returned {len(results)} arrays; expected "
                 f"{n_targets} written + {len(out_specs)} new")
-        outs = [_layout(v, shape, stride, dtype)
-                for v, (shape, stride, dtype) in zip(fresh_vals, out_specs)]
+        outs = [_layout(v, *o) for v, o in zip(fresh_vals, out_specs) if o is not None]
         new_bufs = {}
         for (buf, dtype, shape, stride, offset), val in zip(entry.targets, target_vals):
             val = jnp.broadcast_to(jnp.asarray(val).astype(dtypes.to_jax(dtype)), shape)
             new_bufs[buf] = views.write(new_bufs.get(buf, bufs[buf]), val, shape, stride, offset)
-        return tuple(outs) + tuple(new_bufs[b] for b in entry.written)
+        flags = (jnp.stack([bad for bad, _, _ in collected.checks]),) if entry.checks else ()
+        return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
 
     return trace
 
@@ -509,6 +531,7 @@ def _cast(val, dtype):
 
 
 def _flatten_result(result) -> list:
+    """Arrays of a lowering's result in order; None stays (an undefined tensor)."""
     if isinstance(result, (tuple, list)):
         return [x for r in result for x in _flatten_result(r)]
     return [result]

@@ -21,7 +21,7 @@ _native = None
 _libs: list[torch.library.Library] = []
 
 
-def native():
+def shim():
     return _native
 
 

@@ -63,11 +63,11 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return _runtime().native().current_device()
+    return _runtime().shim().current_device()
 
 
 def set_device(device: Any) -> None:
-    _runtime().native().set_device(_index(device))
+    _runtime().shim().set_device(_index(device))
 
 
 class device(contextlib.ContextDecorator):
@@ -104,12 +104,12 @@ def get_device_name(device: Any = None) -> str:
 
 # ----------------------------------------------------------------------- RNG
 def default_generators() -> tuple[torch.Generator, ...]:
-    native = _runtime().native()
+    native = _runtime().shim()
     return tuple(native.default_generator(i) for i in range(device_count()))
 
 
 def _generator(device: Any = None) -> torch.Generator:
-    return _runtime().native().default_generator(_index(device))
+    return _runtime().shim().default_generator(_index(device))
 
 
 def manual_seed(seed: int) -> None:

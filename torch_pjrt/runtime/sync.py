@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..lowering import checks
 from ..storage import table
 
 
@@ -10,3 +11,4 @@ def synchronize(device: int | None = None) -> None:
     for rec in table.live_records():
         if rec.value is not None and (device is None or rec.device == device):
             rec.value.block_until_ready()
+    checks.raise_pending()

@@ -96,7 +96,7 @@ def _block_plan(shape, stride):
         if stride[b] == 0 or stride[a] % stride[b] or stride[a] < stride[b] * shape[b]:
             return None
     if not order:
-        return order, (1,)
+        return order, ()
     s = [stride[i] for i in order]
     block = [shape[order[0]]] + [s[j - 1] // s[j] for j in range(1, len(s))] + [s[-1]]
     return order, tuple(block)
@@ -133,6 +133,8 @@ def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     if plan is None:
         return flat.at[_indices(shape, stride, offset)].get(mode="promise_in_bounds")
     order, block = plan
+    if not order:  # one element, broadcast
+        return jnp.broadcast_to(_segment(flat, offset, 1).reshape((1,) * len(shape)), shape)
     seg = _segment(flat, offset, math.prod(block)).reshape(block)
     limits = (block[0],) + tuple(shape[i] for i in order[1:]) + (1,)
     dense = lax.slice(seg, (0,) * len(block), limits).reshape([shape[i] for i in order])
@@ -170,6 +172,8 @@ def write(flat, value, shape: Shape, stride: Shape, offset: int):
     if plan is None:
         return flat.at[_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
     order, block = plan
+    if not order:
+        return lax.dynamic_update_slice(flat, value.reshape(-1)[:1], (offset,))
     length = math.prod(block)
     end = offset + length
     padded = jnp.pad(flat, (0, end - flat.shape[0])) if end > flat.shape[0] else flat

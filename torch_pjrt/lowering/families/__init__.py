@@ -1,3 +1,14 @@
 """Lowering families, one module per family of ATen ops."""
 
-from . import copying, elementwise  # noqa: F401
+from . import (  # noqa: F401
+    copying,
+    dynamic,
+    elementwise,
+    factories,
+    foreach,
+    indexing,
+    linalg,
+    nn,
+    reductions,
+    shape,
+)

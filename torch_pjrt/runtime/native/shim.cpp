@@ -10,6 +10,7 @@
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 
 #include <atomic>
 #include <cstring>
@@ -284,6 +285,25 @@ std::pair<uint64_t, uint64_t> philox_next(std::optional<at::Generator> gen, int 
   return out;
 }
 
+// ------------------------------------------------------ metadata-only ops
+// Views and other metadata-only ops run PyTorch's CPU kernel, which reads no
+// data, over the pjrt storage. This is done here rather than in Python because
+// a tensor returned by a Python kernel is already bound to a Python object,
+// which C++ callers such as nn.Parameter's detach() cannot rebind.
+void cpu_metadata_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                         torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+void register_metadata_ops(const std::vector<std::string>& names) {
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                        c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const auto& name : names) {
+    lib->impl(name.c_str(),
+              torch::CppFunction::makeFromBoxedFunction<&cpu_metadata_kernel>());
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -291,6 +311,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("empty_strided", &empty_strided);
   m.def("set_free_callback", [](py::object fn) { free_callback = new py::object(std::move(fn)); });
   m.def("philox_next", &philox_next);
+  m.def("register_metadata_ops", &register_metadata_ops);
   m.def("default_generator", [](int i) { return default_generators().at(check_index(c10::DeviceIndex(i))); });
   m.def("current_device", [] { return int(current_device); });
   m.def("set_device", [](int i) { current_device = check_index(c10::DeviceIndex(i)); });

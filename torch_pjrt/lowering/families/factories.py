@@ -1,0 +1,152 @@
+"""Factories and random ops: arange, linspace, eye, full, and the RNG-driven fills.
+
+Random ops receive `key`, a JAX PRNG key derived from the device generator's
+(seed, offset), so torch.manual_seed makes runs reproducible.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..registry import lower
+from ._ops import aten
+
+
+@lower(aten.arange.start_out)
+def arange(start, end, step=1, *, meta):
+    (out,) = meta
+    n = out.shape[0]
+    dtype = out.dtype
+    if jnp.issubdtype(dtype, jnp.integer):
+        return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(dtype)
+    acc = jnp.float64
+    return (jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)).astype(dtype)
+
+
+@lower(aten.linspace.out)
+def linspace(start, end, steps, *, meta):
+    (out,) = meta
+    if steps == 1:
+        return jnp.full((1,), start, out.dtype)
+    acc = jnp.float64 if not jnp.issubdtype(out.dtype, jnp.complexfloating) else jnp.complex128
+    start, end = jnp.asarray(start, acc), jnp.asarray(end, acc)
+    step = (end - start) / (steps - 1)
+    i = jnp.arange(steps, dtype=acc)
+    # PyTorch fills the first half from start and the second half from end.
+    half = steps // 2
+    vals = jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+    return vals.astype(out.dtype)
+
+
+@lower(aten.eye.out, aten.eye.m_out)
+def eye(n, m=None, *, meta):
+    (out,) = meta
+    return jnp.eye(out.shape[0], out.shape[1], dtype=out.dtype)
+
+
+@lower(aten.full.default)
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, meta):
+    (out,) = meta
+    return jnp.full(out.shape, fill_value, out.dtype)
+
+
+@lower(aten.scalar_tensor.default)
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None, meta):
+    return jnp.asarray(s, meta[0].dtype)
+
+
+# -------------------------------------------------------------------- random
+def _float(dtype):
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+
+
+@lower(aten.uniform_.default, random=True)
+def uniform_(x, from_=0.0, to=1.0, *, generator=None, key):
+    dt = _float(x.dtype)
+    u = jax.random.uniform(key, x.shape, dtype=jnp.float32 if dt != jnp.float64 else dt)
+    return (from_ + u * (to - from_)).astype(x.dtype)
+
+
+@lower(aten.normal_.default, random=True)
+def normal_(x, mean=0.0, std=1.0, *, generator=None, key):
+    dt = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    return (mean + std * jax.random.normal(key, x.shape, dt)).astype(x.dtype)
+
+
+@lower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor,
+       random=True)
+def normal(mean, std, *, generator=None, key, meta):
+    (out,) = meta
+    dt = jnp.float64 if out.dtype == jnp.float64 else jnp.float32
+    return (mean + std * jax.random.normal(key, out.shape, dt)).astype(out.dtype)
+
+
+@lower(aten.bernoulli_.float, random=True)
+def bernoulli_float_(x, p=0.5, *, generator=None, key):
+    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
+
+
+@lower(aten.bernoulli_.Tensor, random=True)
+def bernoulli_tensor_(x, p, *, generator=None, key):
+    u = jax.random.uniform(key, x.shape, jnp.float32 if p.dtype != jnp.float64 else p.dtype)
+    return (u < jnp.broadcast_to(p, x.shape)).astype(x.dtype)
+
+
+@lower(aten.bernoulli.default, random=True)
+def bernoulli(p, *, generator=None, key):
+    u = jax.random.uniform(key, p.shape, jnp.float32 if p.dtype != jnp.float64 else p.dtype)
+    return (u < p).astype(p.dtype)
+
+
+def _randint(key, shape, low, high, dtype):
+    """Integers uniform in [low, high), drawn in 64 bits so int64 ranges are exact."""
+    span = (jnp.asarray(high, jnp.int64) - jnp.asarray(low, jnp.int64)).astype(jnp.uint64)
+    bits = jax.random.bits(key, shape, jnp.uint64)
+    return (jnp.asarray(low, jnp.int64) + (bits % jnp.maximum(span, 1)).astype(jnp.int64)
+            ).astype(dtype)
+
+
+@lower(getattr(aten.random_, "from"), random=True)
+def random_from_(x, from_, to=None, *, generator=None, key):
+    if to is None:
+        info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else None
+        to = info.max + 1 if info is not None else 2 ** jnp.finfo(x.dtype).nmant + 1
+    return _randint(key, x.shape, from_, to, x.dtype)
+
+
+@lower(aten.random_.to, random=True)
+def random_to_(x, to, *, generator=None, key):
+    return _randint(key, x.shape, 0, to, x.dtype)
+
+
+@lower(aten.random_.default, random=True)
+def random_(x, *, generator=None, key):
+    if x.dtype == jnp.bool_:
+        return _randint(key, x.shape, 0, 2, x.dtype)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return _randint(key, x.shape, 0, int(jnp.iinfo(x.dtype).max) + 1, x.dtype)
+    return _randint(key, x.shape, 0, 2 ** (jnp.finfo(x.dtype).nmant + 1) + 1, x.dtype)
+
+
+@lower(aten.exponential_.default, random=True)
+def exponential_(x, lambd=1.0, *, generator=None, key):
+    return (jax.random.exponential(key, x.shape, _float(x.dtype)) / lambd).astype(x.dtype)
+
+
+@lower(aten.randperm.generator_out, random=True)
+def randperm(n, *, generator=None, key, meta):
+    (out,) = meta
+    return jax.random.permutation(key, out.shape[0]).astype(out.dtype)
+
+
+@lower(aten.multinomial.default, random=True)
+def multinomial(p, num_samples, replacement=False, *, generator=None, key, meta):
+    logits = jnp.log(p.astype(jnp.float32))
+    if replacement:
+        keys = jax.random.split(key, num_samples)
+        draws = jax.vmap(lambda k: jax.random.categorical(k, logits, axis=-1))(keys)
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+    # Without replacement: Gumbel top-k.
+    g = jax.random.gumbel(key, logits.shape, jnp.float32)
+    return jax.lax.top_k(logits + g, num_samples)[1].astype(jnp.int64)
