@@ -168,6 +168,9 @@ def execute(spec: OpSpec, args: tuple, kwargs: dict):
         opspec.normalize(spec, args, kwargs)
     call = _Call(spec, values)
     key = _key(call)
+    if call.device is None:  # a factory: the device comes from its arguments
+        call.device = _factory_device(spec, values)
+    key = (key, call.device)  # programs are compiled for one device
     entry = _cache.get(key)
     if entry is None:
         return _execute_miss(call, key)
@@ -179,7 +182,7 @@ def execute(spec: OpSpec, args: tuple, kwargs: dict):
 
 def _execute_miss(call: _Call, key: tuple):
     counters.count("cache_misses")
-    entry = _cache[key] = _compile(call, key)
+    entry = _cache[key] = _compile(call, key[0])
     if entry.resize is not None:
         return _resize_and_run(call, entry)
     start = time.perf_counter()
@@ -200,7 +203,7 @@ def _resize_and_run(call: _Call, entry: Entry):
 def _launch(call: _Call, entry: Entry):
     spec = call.spec
     recs = call.recs
-    device = call.device if call.device is not None else _factory_device(spec, call.values)
+    device = call.device
     if spec.lowering.random:
         gen = next((v for a, v in zip(spec.args, call.values) if a.kind == GENERATOR), None)
         seed, offset = _native.philox_next(gen, device, 1)
@@ -248,7 +251,7 @@ def _returns(spec: OpSpec, values: list, fresh: list):
     for r in returns:
         if r.alias_info is not None and r.alias_info.is_write:
             out.append(values[next(mutated)])
-        elif str(r.type) in ("Tensor[]", "List[Tensor]"):
+        elif opspec._kind(r.type) == TENSOR_LIST:
             out.append(list(fresh_iter))
         else:
             out.append(next(fresh_iter))
@@ -281,15 +284,51 @@ def _meta_value(a: opspec.ArgSpec, v):
     return v
 
 
-def _run_meta(spec: OpSpec, values: list):
+def _call(spec: OpSpec, values: list):
     pos, kw = [], {}
-    metas = [_meta_value(a, v) for a, v in zip(spec.args, values)]
-    for a, m in zip(spec.args, metas):
+    for a, v in zip(spec.args, values):
         if a.kwarg_only:
-            kw[a.name] = m
+            kw[a.name] = v
         else:
-            pos.append(m)
-    return metas, spec.op(*pos, **kw)
+            pos.append(v)
+    return spec.op(*pos, **kw)
+
+
+def _run_meta(spec: OpSpec, values: list):
+    """The op on meta tensors: PyTorch's checks and output metadata, without data."""
+    metas = [_meta_value(a, v) for a, v in zip(spec.args, values)]
+    try:
+        return metas, _call(spec, metas)
+    except Exception as meta_error:  # noqa: BLE001 - re-raised as the CPU's own error
+        raise _cpu_error(spec, values) or meta_error from None
+
+
+_CPU_ERROR_MAX_ELEMENTS = 1 << 20
+
+
+def _cpu_error(spec: OpSpec, values: list) -> Exception | None:
+    """The error CPU PyTorch gives for the same call (its messages are the familiar ones),
+    found by running the op on CPU tensors of the same metadata; None if it does not fail."""
+
+    def cpu(v):
+        if isinstance(v, torch.Tensor) and v.device.type == _PJRT:
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).zero_()
+        if isinstance(v, list):
+            return [cpu(x) for x in v]
+        if isinstance(v, torch.device) and v.type == _PJRT:
+            return torch.device("cpu")
+        if isinstance(v, torch.Generator):
+            return None
+        return v
+
+    total = sum(t.numel() for t in _flat_tensors(values) if t.device.type == _PJRT)
+    if total > _CPU_ERROR_MAX_ELEMENTS:
+        return None
+    try:
+        _call(spec, [cpu(v) for v in values])
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
 
 
 def _flat_tensors(x) -> list[torch.Tensor]:
@@ -320,7 +359,11 @@ def _compile(call: _Call, key: tuple) -> Entry:
         parts = part if spec.args[pos].kind in (TENSOR_LIST, OPT_TENSOR_LIST) else (part,)
         entry.targets.extend(p[:5] for p in parts)
     entry.written = tuple(dict.fromkeys(t[0] for t in entry.targets))
-    entry.donate = tuple(b for b in entry.written if call.recs[b].value is not None)
+    # Donate a written storage's old buffer when the new one can reuse it (same dtype).
+    entry.donate = tuple(
+        b for b in entry.written
+        if call.recs[b].value is not None
+        and all(dtypes.to_jax(t[1]) == call.recs[b].dtype for t in entry.targets if t[0] == b))
 
     # Fresh outputs, laid out as the meta result says (PyTorch's strides).
     fresh_meta = _fresh_outputs(spec, meta_out)
@@ -333,7 +376,7 @@ def _compile(call: _Call, key: tuple) -> Entry:
         entry.outs.append((shape, stride, m.dtype, jdtype, nbytes))
     returns = spec.op._schema.returns
     entry.single = (not entry.written and len(returns) == 1 and returns[0].alias_info is None
-                    and str(returns[0].type) == "Tensor")
+                    and opspec._kind(returns[0].type) == TENSOR)
 
     compute = _promotion(spec, metas, meta_out)
     # What the lowering computes: the written tensors' values, else the fresh outputs.
@@ -343,8 +386,7 @@ def _compile(call: _Call, key: tuple) -> Entry:
     else:
         computed = fresh_meta
     trace = _make_trace(spec, key, entry, compute, computed)
-    device = call.device if call.device is not None else _factory_device(spec, values)
-    sharding = jax.sharding.SingleDeviceSharding(_device(device))
+    sharding = jax.sharding.SingleDeviceSharding(_device(call.device))
     n_bufs = len(call.recs)
     order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
     jitted = jax.jit(trace, out_shardings=sharding,

@@ -24,21 +24,18 @@ class ArgSpec:
     default: object
 
 
+_KINDS = {
+    "Tensor": TENSOR,
+    "Tensor?": OPT_TENSOR, "Optional[Tensor]": OPT_TENSOR,
+    "Tensor[]": TENSOR_LIST, "List[Tensor]": TENSOR_LIST,
+    "Tensor?[]": OPT_TENSOR_LIST, "List[Optional[Tensor]]": OPT_TENSOR_LIST,
+    "Scalar": SCALAR, "number": SCALAR,
+    "Generator?": GENERATOR, "Optional[Generator]": GENERATOR, "Generator": GENERATOR,
+}
+
+
 def _kind(t: torch._C.JitType) -> int:
-    text = str(t)
-    if text == "Tensor":
-        return TENSOR
-    if text == "Tensor?":
-        return OPT_TENSOR
-    if text in ("Tensor[]", "List[Tensor]"):
-        return TENSOR_LIST
-    if text in ("Tensor?[]", "List[Optional[Tensor]]"):
-        return OPT_TENSOR_LIST
-    if text in ("Scalar", "number"):
-        return SCALAR
-    if text in ("Generator?", "Generator", "Optional[Generator]"):
-        return GENERATOR
-    return OTHER
+    return _KINDS.get(str(t), OTHER)
 
 
 @dataclass(frozen=True)

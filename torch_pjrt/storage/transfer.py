@@ -42,7 +42,10 @@ def host_to_device(t: torch.Tensor, device: int) -> jax.Array:
     """A flat device buffer holding the elements of CPU tensor `t` in row-major order."""
     t = t.detach().resolve_conj().resolve_neg().contiguous()
     counters.count("host_to_device_bytes", t.numel() * t.element_size())
-    return jax.device_put(to_numpy(t).reshape(-1), client.device(device), may_alias=False)
+    # The transfer is asynchronous and reads the host memory later: give it a
+    # private copy, so the caller may modify its CPU tensor right away.
+    host = np.array(to_numpy(t).reshape(-1), copy=True)
+    return jax.device_put(host, client.device(device), may_alias=False)
 
 
 def device_to_host(buf: jax.Array, shape) -> torch.Tensor:

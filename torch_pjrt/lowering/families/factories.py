@@ -13,7 +13,8 @@ from ..registry import lower
 from ._ops import aten
 
 
-@lower(aten.arange.start_out)
+# The output length depends on start/end/step, so they are static (part of the key).
+@lower(aten.arange.start_out, static=("start", "end", "step"))
 def arange(start, end, step=1, *, meta):
     (out,) = meta
     n = out.shape[0]
@@ -21,7 +22,8 @@ def arange(start, end, step=1, *, meta):
     if jnp.issubdtype(dtype, jnp.integer):
         return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(dtype)
     acc = jnp.float64
-    return (jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)).astype(dtype)
+    values = jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)
+    return values.astype(dtype)
 
 
 @lower(aten.linspace.out)

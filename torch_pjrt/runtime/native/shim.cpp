@@ -72,6 +72,7 @@ void call_sync(c10::DeviceIndex index) {
 void free_handle(void* ptr) {
   if (shutting_down || free_callback == nullptr || !Py_IsInitialized()) return;
   py::gil_scoped_acquire gil;
+  py::error_scope keep_pending_error;  // a tensor may die while an exception propagates
   try {
     (*free_callback)(reinterpret_cast<uintptr_t>(ptr));
   } catch (py::error_already_set& e) {

@@ -1,0 +1,18 @@
+"""Test setup: two XLA:CPU devices so pjrt:1 is testable, and the differential helpers."""
+
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torch_pjrt  # noqa: E402, F401
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,84 @@
+"""The pjrt device: registration, device module, indices, async execution, synchronize."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def test_import_torch_alone_registers_pjrt():
+    code = "import torch; t = torch.ones(2, device='pjrt'); print(t.device, torch.pjrt.device_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "pjrt:0"
+
+
+def test_autoload_can_be_disabled():
+    code = "import torch; print(hasattr(torch, 'pjrt'))"
+    env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_device_module_and_accelerator():
+    assert torch.pjrt.is_available()
+    assert torch.pjrt.device_count() == 2
+    assert torch.accelerator.current_accelerator().type == "pjrt"
+    assert torch.accelerator.device_count() == 2
+    t = torch.ones(2, device="pjrt")
+    assert t.is_pjrt and t.device == torch.device("pjrt:0")
+    assert torch.pjrt.get_device_name().startswith("cpu")
+
+
+def test_second_device_and_copies_between_devices():
+    a = torch.arange(6.0).reshape(2, 3)
+    d0 = a.to("pjrt:0")
+    d1 = a.to("pjrt:1")
+    assert d1.device == torch.device("pjrt:1")
+    assert (d1 * 2).device == torch.device("pjrt:1")
+    moved = d0.to("pjrt:1")
+    assert moved.device.index == 1
+    torch.testing.assert_close(moved.cpu(), a)
+    back = (d1 + 1).t().to("pjrt:0")
+    torch.testing.assert_close(back.cpu(), (a + 1).t())
+    with pytest.raises(RuntimeError, match="same device"):
+        d0 + d1
+
+
+def test_set_device_and_device_context():
+    assert torch.pjrt.current_device() == 0
+    with torch.pjrt.device(1):
+        assert torch.pjrt.current_device() == 1
+        assert torch.zeros(1, device="pjrt").device.index == 1
+    assert torch.pjrt.current_device() == 0
+    with pytest.raises(RuntimeError, match="invalid device index"):
+        torch.zeros(1, device="pjrt:5")
+
+
+def test_execution_is_asynchronous_and_synchronize_waits():
+    import time
+
+    x = torch.randn(1024, 1024, device="pjrt")
+    torch.pjrt.synchronize()
+    x @ x  # warm the executable cache
+    torch.pjrt.synchronize()
+    start = time.perf_counter()
+    ys = [x @ x for _ in range(8)]
+    launched = time.perf_counter() - start
+    torch.accelerator.synchronize()
+    finished = time.perf_counter() - start
+    assert launched < finished / 2, (launched, finished)
+    assert all(y.device.type == "pjrt" for y in ys)
+
+
+def test_streams_and_events_wait_for_the_device():
+    s = torch.pjrt.current_stream()
+    x = torch.randn(256, 256, device="pjrt")
+    y = x @ x
+    e = torch.Event(device="pjrt")
+    e.record()
+    e.synchronize()
+    s.synchronize()
+    assert torch.isfinite(y).all().item()

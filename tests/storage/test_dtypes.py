@@ -1,0 +1,44 @@
+"""Every supported dtype round-trips exactly; int64 and float64 stay 64-bit."""
+
+import pytest
+import torch
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]
+
+
+def _sample(dtype):
+    if dtype == torch.bool:
+        return torch.tensor([True, False, True])
+    if dtype.is_complex:
+        return torch.randn(5, dtype=dtype)
+    if dtype.is_floating_point:
+        return torch.randn(5).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.tensor([info.min, 0, 1, info.max], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_and_arithmetic(dtype):
+    x = _sample(dtype)
+    d = x.to("pjrt")
+    assert d.dtype == dtype
+    assert torch.equal(d.cpu(), x)
+    if dtype != torch.bool:
+        torch.testing.assert_close((d + d).cpu(), x + x)
+
+
+def test_int64_and_float64_are_exact():
+    big = torch.tensor([2**62 + 1, -(2**62) - 3], dtype=torch.int64)
+    d = big.to("pjrt")
+    assert torch.equal((d + 1).cpu(), big + 1)
+    assert (d * 2).cpu().tolist() == (big * 2).tolist()
+    f = torch.tensor([1 + 2**-40], dtype=torch.float64)
+    assert (f.to("pjrt") * 3).cpu().item() == (f * 3).item()
+    assert torch.arange(5, device="pjrt").dtype == torch.int64
+    assert torch.tensor(3.5, dtype=torch.float64).to("pjrt").sum().dtype == torch.float64
+
+
+def test_unsupported_dtype_is_a_clear_error():
+    with pytest.raises(TypeError, match="not supported on the pjrt device"):
+        torch.empty(2, dtype=torch.complex32, device="pjrt")
