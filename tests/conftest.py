@@ -9,10 +9,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import torch_pjrt  # noqa: E402, F401
+import torch_pjrt  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(params=["strict", "fused", "debug"])
+def eager_mode(request):
+    """Run the test once per eager mode (use with pytestmark = usefixtures("eager_mode"))."""
+    with torch_pjrt.set_eager_mode(request.param):
+        yield request.param

@@ -5,6 +5,9 @@ from .runtime import DEVICE_TYPE, ensure_initialized, register
 register()
 
 from .counters import metrics  # noqa: E402
+from .eager.modes import get as get_eager_mode  # noqa: E402
+from .eager.modes import set_eager_mode  # noqa: E402
 
-__all__ = ["DEVICE_TYPE", "ensure_initialized", "metrics", "register"]
+__all__ = ["DEVICE_TYPE", "ensure_initialized", "get_eager_mode", "metrics", "register",
+           "set_eager_mode"]
 __version__ = "0.1.0"

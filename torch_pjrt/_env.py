@@ -21,8 +21,13 @@ VARIABLES: tuple[EnvVar, ...] = (
            "warned once); 0: they raise RuntimeError."),
     EnvVar("TORCH_PJRT_CACHE_DIR", "", "Directory for the native shim build and the persistent "
            "compile cache; empty: $XDG_CACHE_HOME/torch_pjrt (or ~/.cache/torch_pjrt)."),
-    EnvVar("TORCH_PJRT_MEMORY_LIMIT", "", "Bytes of device memory torch-pjrt may hold per device "
-           "before raising torch.OutOfMemoryError; empty: the device's own limit (host RAM on CPU)."),
+    EnvVar("TORCH_PJRT_MEMORY_LIMIT", "", "Bytes of device memory torch-pjrt may hold per "
+           "device before raising torch.OutOfMemoryError; empty: the device's own limit "
+           "(host RAM on CPU)."),
+    EnvVar("TORCH_PJRT_FUSED_MAX_OPS", "10000", "Fused eager: flush the pending graph once it "
+           "holds this many ops."),
+    EnvVar("TORCH_PJRT_DEBUG_COMPARE", "0", "Debug eager: also run every op on the CPU and raise "
+           "at the first op whose result differs."),
     EnvVar("TORCH_PJRT_VERBOSE", "0", "1: log compiles and CPU fallbacks to stderr."),
 )
 

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 
 def test_shape_mismatch():
     a, b = torch.ones(2, 3, device="pjrt"), torch.ones(4, device="pjrt")

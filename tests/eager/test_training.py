@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 
 class TinyGPT(nn.Module):
     def __init__(self, vocab=32, d=32, heads=4, layers=2, seq=16):

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from helpers import compare
 
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 
 @pytest.mark.parametrize("fn", [
     lambda x, y: x + y, lambda x, y: x * 2.5 - y, lambda x, y: x / y, lambda x, y: x > y,

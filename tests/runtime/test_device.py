@@ -6,6 +6,8 @@ import sys
 import pytest
 import torch
 
+import torch_pjrt
+
 
 def test_import_torch_alone_registers_pjrt():
     code = "import torch; t = torch.ones(2, device='pjrt'); print(t.device, torch.pjrt.device_count())"
@@ -60,6 +62,7 @@ def test_set_device_and_device_context():
 def test_execution_is_asynchronous_and_synchronize_waits():
     import time
 
+    torch_pjrt.set_eager_mode("strict")
     x = torch.randn(1024, 1024, device="pjrt")
     torch.pjrt.synchronize()
     x @ x  # warm the executable cache

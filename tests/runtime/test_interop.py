@@ -5,6 +5,8 @@ import io
 import pytest
 import torch
 
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 
 def test_print_item_tolist():
     x = torch.tensor([[1.5, -2.0], [3.0, 4.25]])

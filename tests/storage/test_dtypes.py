@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]
 

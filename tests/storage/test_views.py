@@ -7,6 +7,8 @@ import pytest
 import torch
 from helpers import assert_same
 
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 
 def _pair(shape=(4, 6)):
     x = torch.randn(*shape)

@@ -25,7 +25,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from .. import counters
 from ..lowering import checks
 from ..storage import dtypes, table, views
-from . import opspec
+from . import debug, graph, modes, opspec
 from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST, OpSpec
 
 _records = table._records
@@ -47,10 +47,16 @@ class ExecutionError(RuntimeError):
 class Entry:
     """A compiled op for one input signature."""
 
-    __slots__ = ("fn", "outs", "single", "targets", "written", "donate", "resize", "checks")
+    __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
+                 "targets", "written", "donate", "resize", "checks", "name")
 
     def __init__(self):
-        self.fn = None
+        self.fn = None  # launches the jitted program (strict and debug modes)
+        self.trace = None  # the traced function itself, which fused graphs call
+        self.order: list[int] = []  # storage buffers in argument order (donated first)
+        self.n_results = 0  # arrays the program returns, device-side check flags excluded
+        self.result_avals: list[tuple] = []  # (shape, dtype) of each of those arrays
+        self.name = ""
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
@@ -185,6 +191,9 @@ def _execute_miss(call: _Call, key: tuple):
     entry = _cache[key] = _compile(call, key[0])
     if entry.resize is not None:
         return _resize_and_run(call, entry)
+    if modes.fused:  # the op is compiled as part of its graph
+        return _launch(call, entry)
+    counters.count("compiles")
     start = time.perf_counter()
     out = _launch(call, entry)
     counters.add_compile_time(time.perf_counter() - start)
@@ -209,14 +218,21 @@ def _launch(call: _Call, entry: Entry):
         seed, offset = _native.philox_next(gen, device, 1)
         call.dyn.append(np.uint64(seed))
         call.dyn.append(np.uint64(offset))
-    try:
-        results = entry.fn(recs, call.dyn)
-    except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
-        raise _runtime_error(spec, e) from e
-    if entry.checks is not None:
-        checks.defer(results[-1], entry.checks, str(spec.op))
+    if modes.fused:
+        results = graph.record(entry, recs, call.dyn, device)
+    else:
+        if graph.pending:
+            graph.flush("strict op")
+        try:
+            results = entry.fn(recs, call.dyn)
+        except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
+            raise _runtime_error(spec, e) from e
+        if entry.checks is not None:
+            checks.defer(results[-1], entry.checks, str(spec.op))
+        if modes.debug:
+            debug.after_op(spec, call, results)
     new_tensor = table.new_tensor
-    if entry.single:
+    if entry.single and not modes.fused:
         shape, stride, dtype, jdtype, nbytes = entry.outs[0]
         return new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
     fresh = []
@@ -230,6 +246,8 @@ def _launch(call: _Call, entry: Entry):
     for buf in entry.written:
         recs[buf].set(results[i])
         i += 1
+    if modes.fused and graph.over_cap():
+        graph.flush("size cap")
     return _returns(spec, call.values, fresh)
 
 
@@ -386,13 +404,22 @@ def _compile(call: _Call, key: tuple) -> Entry:
     else:
         computed = fresh_meta
     trace = _make_trace(spec, key, entry, compute, computed)
+    buffer_shapes = {p[0]: (p[5], p[6]) for p in _tensor_parts(spec, key)}
     sharding = jax.sharding.SingleDeviceSharding(_device(call.device))
     n_bufs = len(call.recs)
     order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
     jitted = jax.jit(trace, out_shardings=sharding,
                      donate_argnums=tuple(range(len(entry.donate))))
     entry.fn = _Launcher(jitted, None if order == list(range(n_bufs)) else order)
-    counters.count("compiles")
+    entry.trace = trace
+    entry.order = order
+    entry.result_avals = [((o[4] // o[3].itemsize,), o[3]) for o in entry.outs if o is not None]
+    for b in entry.written:
+        numel, old = buffer_shapes[b]
+        new = dtypes.to_jax([t for t in entry.targets if t[0] == b][-1][1])
+        entry.result_avals.append(((numel * old.itemsize // new.itemsize,), new))
+    entry.n_results = len(entry.result_avals)
+    entry.name = str(spec.op)
     return entry
 
 

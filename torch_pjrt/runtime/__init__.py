@@ -78,12 +78,14 @@ def ensure_initialized() -> None:
         if _initialized:
             return
         register()
-        from ..eager import dispatch, executor
+        from ..eager import dispatch, executor, graph, modes
         from ..storage import table
         from . import client
 
         client.devices()
-        table.install(_native)
+        table.install(_native, graph.flush)
+        graph.configure()
+        modes.init_from_env()
         _native.set_free_callback(table.free)
         executor.install(_native, DEVICE_TYPE)
         _libs[0]._destroy()  # the trigger fallback gives way to the real one

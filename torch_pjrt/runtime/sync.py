@@ -7,7 +7,10 @@ from ..storage import table
 
 
 def synchronize(device: int | None = None) -> None:
-    """Block until every buffer of the device's live storages is computed."""
+    """Run any pending fused graph and block until every live buffer is computed."""
+    from ..eager import graph
+
+    graph.flush("synchronize")
     for rec in table.live_records():
         if rec.value is not None and (device is None or rec.device == device):
             rec.value.block_until_ready()

@@ -35,7 +35,9 @@ class StorageRecord:
         self.value = value
 
     def get(self):
-        """The buffer, materializing zeros for an uninitialized storage."""
+        """The buffer: computed (flushing a pending fused graph) or zeros if uninitialized."""
+        if getattr(self.value, "pending", False):
+            flush_pending("data read")
         if self.value is None:
             self.value = _zeros(self.numel, self.dtype, self.device)
         return self.value
@@ -48,11 +50,13 @@ class StorageRecord:
 
 _records: dict[int, StorageRecord] = {}
 _native = None  # the shim, set by install()
+flush_pending = None  # runs the pending fused graph, set by install()
 
 
-def install(native) -> None:
-    global _native
+def install(native, flush) -> None:
+    global _native, flush_pending
     _native = native
+    flush_pending = flush
 
 
 def free(ptr: int) -> None:

@@ -1,0 +1,227 @@
+"""Fused eager: ops recorded into a pending graph, compiled and run as one program.
+
+Recording an op costs what strict mode costs minus the launch: its output
+storages get `Lazy` placeholders instead of buffers. When a value is needed
+(data read, CPU fallback, synchronize, a size cap) the graph is flushed: the
+program takes the concrete buffers the graph reads and returns only the lazy
+values some storage still holds, so tensors that died inside the graph are
+never materialized and XLA fuses across ops. Programs are cached by structure
+(each op's cache key and the wiring between ops), with input buffers as
+placeholders, so every identical training step reuses one executable; storage
+buffers the graph overwrites are donated.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import jax
+import numpy as np
+
+from .. import _env, counters
+from ..lowering import checks
+from ..runtime import client
+from ..storage import table
+
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+class Lazy:
+    """A value a pending op will produce: output `index` of `node`."""
+
+    __slots__ = ("node", "index", "shape", "dtype")
+    pending = True  # what StorageRecord.get() checks before handing out a buffer
+
+    def __init__(self, node: Node, index: int, shape: tuple, dtype: np.dtype):
+        self.node = node
+        self.index = index
+        self.shape = shape
+        self.dtype = dtype
+
+
+class Node:
+    """One recorded op: its compiled entry, its inputs (arrays, Lazy or None), its scalars."""
+
+    __slots__ = ("entry", "inputs", "dyn", "position")
+
+    def __init__(self, entry, inputs: list, dyn: list, position: int):
+        self.entry = entry
+        self.inputs = inputs
+        self.dyn = dyn
+        self.position = position
+
+
+_nodes: list[Node] = []
+_superseded: set[int] = set()  # ids of concrete buffers a pending op replaced
+_device: int | None = None
+pending = False  # read on every strict op: is there anything to flush?
+max_ops = 10000  # graph size cap (TORCH_PJRT_FUSED_MAX_OPS), set by configure()
+
+
+def configure() -> None:
+    global max_ops
+    max_ops = int(_env.get("TORCH_PJRT_FUSED_MAX_OPS") or 10000)
+
+
+def record(entry, recs: list, dyn: list, device: int) -> list[Lazy]:
+    """Append an op to the pending graph; its results are Lazy placeholders."""
+    global pending, _device
+    if _device is not None and device != _device:
+        flush("device change")
+    _device = device
+    inputs = [recs[i].value for i in entry.order]
+    node = Node(entry, inputs, dyn, len(_nodes))
+    _nodes.append(node)
+    pending = True
+    for buf in entry.written:
+        old = recs[buf].value
+        if old is not None and type(old) is not Lazy:
+            _superseded.add(id(old))
+    return [Lazy(node, i, shape, dtype) for i, (shape, dtype) in enumerate(entry.result_avals)]
+
+
+def over_cap() -> bool:
+    return len(_nodes) >= max_ops
+
+
+# ------------------------------------------------------------------ flushing
+class _Plan:
+    """A compiled graph: the jitted program and where its outputs go."""
+
+    __slots__ = ("jitted", "flag_nodes")
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+        self.flag_nodes: list[int] = []  # nodes whose entry returns check flags, in order
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def flush(reason: str = "sync") -> None:
+    """Compile (or reuse) and run the pending graph; pending storages get their buffers."""
+    global pending, _device
+    if not _nodes:
+        pending = False
+        return
+    nodes = list(_nodes)
+    _nodes.clear()
+    # The graph's outputs: pending values some live storage still holds.
+    records = [r for r in table.live_records() if type(r.value) is Lazy]
+    superseded = set(_superseded)
+    _superseded.clear()
+    device = _device
+    pending = False
+    _device = None
+    counters.count("flushes")
+    counters.count(f"flushes.{reason}")
+
+    # Keep only the ops whose results are still needed (or that check data).
+    live = [False] * len(nodes)
+    for rec in records:
+        live[rec.value.node.position] = True
+    for node in reversed(nodes):
+        if not live[node.position] and not node.entry.checks:
+            continue
+        live[node.position] = True
+        for v in node.inputs:
+            if type(v) is Lazy:
+                live[v.node.position] = True
+    kept = [n for n in nodes if live[n.position]]
+    counters.count("graph_ops", len(kept))
+    counters.count("graph_ops_pruned", len(nodes) - len(kept))
+    renumber = {n.position: i for i, n in enumerate(kept)}
+
+    # Wiring: concrete inputs become placeholders, lazy inputs point at producers.
+    in_slots: dict[int, int] = {}
+    inputs: list = []
+    wiring = []
+    dyn: list = []
+    donated: list[int] = []
+    for node in kept:
+        refs = []
+        for v in node.inputs:
+            if v is None:
+                refs.append(None)
+            elif type(v) is Lazy:
+                refs.append((renumber[v.node.position], v.index))
+            else:
+                slot = in_slots.get(id(v))
+                if slot is None:
+                    slot = in_slots[id(v)] = len(inputs)
+                    inputs.append(v)
+                    if id(v) in superseded:
+                        donated.append(slot)
+                refs.append(slot)
+        wiring.append((node.entry, tuple(refs), len(node.dyn)))
+        dyn.extend(node.dyn)
+    outputs = []
+    out_index: dict[tuple[int, int], int] = {}
+    for rec in records:
+        lz = rec.value
+        ref = (renumber[lz.node.position], lz.index)
+        if ref not in out_index:
+            out_index[ref] = len(outputs)
+            outputs.append(ref)
+    key = (tuple(wiring), tuple(outputs), tuple(donated), device,
+           tuple(type(d) for d in dyn))
+    plan = _plans.get(key)
+    miss = plan is None
+    if miss:
+        counters.count("graph_cache_misses")
+        plan = _plans[key] = _build(wiring, outputs, len(inputs), donated, device)
+    else:
+        counters.count("graph_cache_hits")
+    order = donated + [i for i in range(len(inputs)) if i not in set(donated)]
+    start = time.perf_counter() if miss else 0.0
+    try:
+        results = plan.jitted(*[inputs[i] for i in order], *dyn)
+    except Exception as e:  # noqa: BLE001
+        names = ", ".join(dict.fromkeys(n.entry.name for n in kept))
+        raise RuntimeError(f"pjrt: a fused graph of {len(kept)} ops failed on the device "
+                           f"(ops: {names}): {e}") from e
+    if miss:
+        counters.count("compiles")
+        counters.add_compile_time(time.perf_counter() - start)
+    values, flags = results
+    for rec in records:
+        lz = rec.value
+        rec.value = values[out_index[(renumber[lz.node.position], lz.index)]]
+    for position, f in zip(plan.flag_nodes, flags):
+        entry = kept[position].entry
+        checks.defer(f, entry.checks, entry.name)
+
+
+def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int) -> _Plan:
+    order = donated + [i for i in range(n_inputs) if i not in set(donated)]
+    plan = _Plan(None)
+
+    def program(*flat):
+        placed = [None] * n_inputs
+        for i, v in zip(order, flat[:n_inputs]):
+            placed[i] = v
+        dyn = flat[n_inputs:]
+        d = 0
+        produced: list[tuple] = []
+        flags = []
+        plan.flag_nodes = []
+        for position, (entry, refs, n_dyn) in enumerate(wiring):
+            args = [None if r is None else
+                    placed[r] if type(r) is int else produced[r[0]][r[1]] for r in refs]
+            res = entry.trace(*args, *dyn[d:d + n_dyn])
+            d += n_dyn
+            if entry.checks:
+                flags.append(res[-1])
+                plan.flag_nodes.append(position)
+            produced.append(res)
+        return tuple(produced[p][i] for p, i in outputs), tuple(flags)
+
+    sharding = jax.sharding.SingleDeviceSharding(client.device(device))
+    plan.jitted = jax.jit(program, out_shardings=sharding,
+                          donate_argnums=tuple(range(len(donated))))
+    return plan
+
+
+def pending_ops() -> int:
+    return len(_nodes)

@@ -1,0 +1,65 @@
+"""The eager execution mode: strict, fused or debug.
+
+strict: each op is one cached XLA executable, launched asynchronously.
+fused:  ops are recorded into a pending graph, compiled (cached by structure)
+        and run when a value is needed.
+debug:  each op runs synchronously and is checked where it happens.
+"""
+
+from __future__ import annotations
+
+from .. import _env
+
+MODES = ("strict", "fused", "debug")
+
+# Read on every op: plain module booleans are the cheapest check.
+fused = False
+debug = False
+_current = "strict"
+
+
+def get() -> str:
+    return _current
+
+
+def _apply(mode: str) -> None:
+    global fused, debug, _current
+    if mode not in MODES:
+        raise ValueError(f"torch_pjrt: unknown eager mode {mode!r}; accepted: {', '.join(MODES)}")
+    if _current == "fused" and mode != "fused":
+        from . import graph
+
+        graph.flush("mode change")
+    _current = mode
+    fused = mode == "fused"
+    debug = mode == "debug"
+
+
+class set_eager_mode:  # noqa: N801 - a function that is also a context manager
+    """Set the eager mode; as a context manager, restore the previous one on exit.
+
+    >>> torch_pjrt.set_eager_mode("fused")
+    >>> with torch_pjrt.set_eager_mode("debug"):
+    ...     y = model(x)
+    """
+
+    def __init__(self, mode: str):
+        global _explicit
+        self.previous = _current
+        _explicit = True
+        _apply(mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _apply(self.previous)
+        return False
+
+
+_explicit = False  # set_eager_mode was called: the environment no longer decides
+
+
+def init_from_env() -> None:
+    if not _explicit:
+        _apply(_env.get("TORCH_PJRT_EAGER_MODE").strip().lower() or "strict")
