@@ -170,8 +170,7 @@ _counts = counters._counters
 
 def execute(spec: OpSpec, args: tuple, kwargs: dict):
     """Run `spec.op` on pjrt tensors with its lowering, compiling on first use."""
-    values = list(args) if not kwargs and len(args) == spec.n_args else \
-        opspec.normalize(spec, args, kwargs)
+    values = opspec.normalize(spec, args, kwargs)
     call = _Call(spec, values)
     key = _key(call)
     if call.device is None:  # a factory: the device comes from its arguments
@@ -232,7 +231,7 @@ def _launch(call: _Call, entry: Entry):
         if modes.debug:
             debug.after_op(spec, call, results)
     new_tensor = table.new_tensor
-    if entry.single and not modes.fused:
+    if entry.single:
         shape, stride, dtype, jdtype, nbytes = entry.outs[0]
         return new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
     fresh = []
@@ -260,16 +259,15 @@ def _factory_device(spec: OpSpec, values: list) -> int:
 
 
 def _returns(spec: OpSpec, values: list, fresh: list):
-    returns = spec.op._schema.returns
-    if not returns:
+    plan = spec.returns_plan
+    if not plan:
         return None
-    mutated = iter(spec.mutated)
     fresh_iter = iter(fresh)
     out = []
-    for r in returns:
-        if r.alias_info is not None and r.alias_info.is_write:
-            out.append(values[next(mutated)])
-        elif opspec._kind(r.type) == TENSOR_LIST:
+    for step in plan:
+        if step[0] == "alias":
+            out.append(values[step[1]])
+        elif step[0] == "list":
             out.append(list(fresh_iter))
         else:
             out.append(next(fresh_iter))
@@ -550,7 +548,14 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
             elif kind in (TENSOR_LIST, OPT_TENSOR_LIST):
                 val = [read(p) for p in part]
             elif kind == SCALAR:
-                val = part[1] if isinstance(part, tuple) else next(dyn_iter)
+                if isinstance(part, tuple):  # a static Python number: weakly typed already
+                    val = part[1]
+                    if a.kwarg_only:
+                        kw_args[a.name] = val
+                    else:
+                        pos_args.append(val)
+                    continue
+                val = next(dyn_iter)
             else:
                 val = _unhashable(part)
             if compute is not None and val is not None and a.name in compute:

@@ -52,6 +52,9 @@ class OpSpec:
     kinds: tuple[int, ...]  # ArgSpec.kind of each argument
     n_args: int
     static_scalars: frozenset[str]  # Scalar args the lowering wants as Python values
+    defaults: tuple  # each argument's default (_NO_DEFAULT where it has none)
+    min_args: int  # arguments before the last one without a default
+    returns_plan: tuple  # per return: ("alias", mutated arg index) | ("fresh",) | ("list",)
 
     def __str__(self) -> str:
         return str(self.op)
@@ -108,11 +111,28 @@ def spec(op: OpOverload) -> OpSpec:
         op, tuple(args), sum(1 for a in args if not a.kwarg_only), mutated, is_out, is_view,
         lowering, uses_functional, fresh, tuple(a.kind for a in args), len(args),
         lowering.static if lowering is not None else frozenset(),
+        tuple(a.default for a in args),
+        max((i + 1 for i, a in enumerate(args) if a.default is _NO_DEFAULT), default=0),
+        _returns_plan(schema, mutated),
     )
+
+
+def _returns_plan(schema, mutated: tuple[int, ...]) -> tuple:
+    plan, m = [], iter(mutated)
+    for r in schema.returns:
+        if r.alias_info is not None and r.alias_info.is_write:
+            plan.append(("alias", next(m)))
+        elif _kind(r.type) == TENSOR_LIST:
+            plan.append(("list",))
+        else:
+            plan.append(("fresh",))
+    return tuple(plan)
 
 
 def normalize(s: OpSpec, args: tuple, kwargs: dict) -> list:
     """The op's arguments in schema order, defaults filled in."""
+    if not kwargs and len(args) >= s.min_args:
+        return [*args, *s.defaults[len(args):]]
     values = list(args)
     for a in s.args[len(args):]:
         if a.name in kwargs:

@@ -3,32 +3,32 @@
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 
 import torch
 
 from .. import _env
 
-_allocated: dict[int, int] = defaultdict(int)
-_peak: dict[int, int] = defaultdict(int)
-_num_allocs: dict[int, int] = defaultdict(int)
-_num_frees: dict[int, int] = defaultdict(int)
-_num_ooms: dict[int, int] = defaultdict(int)
-_limits: dict[int, int] = {}
+
+class DeviceMemory:
+    """Counters of one device; reserve/release run on every allocation, so they stay small."""
+
+    __slots__ = ("index", "allocated", "peak", "allocs", "frees", "ooms", "limit")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.allocated = 0
+        self.peak = 0
+        self.allocs = 0
+        self.frees = 0
+        self.ooms = 0
+        self.limit = _limit(index)
 
 
-def limit(device: int) -> int:
+def _limit(device: int) -> int:
     """Bytes torch-pjrt may hold on `device` (TORCH_PJRT_MEMORY_LIMIT or the device's own)."""
-    if device not in _limits:
-        explicit = _env.get("TORCH_PJRT_MEMORY_LIMIT").strip()
-        if explicit:
-            _limits[device] = int(float(explicit))
-        else:
-            _limits[device] = _device_limit(device)
-    return _limits[device]
-
-
-def _device_limit(device: int) -> int:
+    explicit = _env.get("TORCH_PJRT_MEMORY_LIMIT").strip()
+    if explicit:
+        return int(float(explicit))
     from . import client
 
     stats = client.device(device).memory_stats() or {}
@@ -37,55 +37,69 @@ def _device_limit(device: int) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def reserve(device: int, nbytes: int) -> None:
+_devices: dict[int, DeviceMemory] = {}
+
+
+def device(index: int) -> DeviceMemory:
+    m = _devices.get(index)
+    if m is None:
+        m = _devices[index] = DeviceMemory(index)
+    return m
+
+
+def reserve(index: int, nbytes: int) -> None:
     """Account for a new storage, raising torch.OutOfMemoryError past the limit."""
-    total = _allocated[device] + nbytes
-    if total > limit(device):
-        _num_ooms[device] += 1
+    m = _devices.get(index) or device(index)
+    total = m.allocated + nbytes
+    if total > m.limit:
+        m.ooms += 1
         raise torch.OutOfMemoryError(
-            f"pjrt: out of memory on pjrt:{device}: tried to allocate {_fmt(nbytes)} with "
-            f"{_fmt(_allocated[device])} already allocated (limit {_fmt(limit(device))}; "
+            f"pjrt: out of memory on pjrt:{index}: tried to allocate {_fmt(nbytes)} with "
+            f"{_fmt(m.allocated)} already allocated (limit {_fmt(m.limit)}; "
             "set TORCH_PJRT_MEMORY_LIMIT to change it)"
         )
-    _allocated[device] = total
-    _num_allocs[device] += 1
-    if total > _peak[device]:
-        _peak[device] = total
+    m.allocated = total
+    m.allocs += 1
+    if total > m.peak:
+        m.peak = total
 
 
-def release(device: int, nbytes: int) -> None:
-    _allocated[device] -= nbytes
-    _num_frees[device] += 1
+def release(index: int, nbytes: int) -> None:
+    m = _devices[index]
+    m.allocated -= nbytes
+    m.frees += 1
 
 
-def allocated(device: int) -> int:
-    return _allocated[device]
+def allocated(index: int) -> int:
+    return device(index).allocated
 
 
-def peak(device: int) -> int:
-    return _peak[device]
+def peak(index: int) -> int:
+    return device(index).peak
 
 
-def reset_peak(device: int) -> None:
-    _peak[device] = _allocated[device]
+def reset_peak(index: int) -> None:
+    m = device(index)
+    m.peak = m.allocated
 
 
-def stats(device: int) -> dict[str, int]:
+def stats(index: int) -> dict[str, int]:
     """The subset of torch.cuda.memory_stats() keys that make sense for PJRT buffers."""
+    m = device(index)
     return {
-        "allocated_bytes.all.current": _allocated[device],
-        "allocated_bytes.all.peak": _peak[device],
-        "allocation.all.allocated": _num_allocs[device],
-        "allocation.all.freed": _num_frees[device],
-        "allocation.all.current": _num_allocs[device] - _num_frees[device],
-        "num_ooms": _num_ooms[device],
-        "bytes_limit": limit(device),
+        "allocated_bytes.all.current": m.allocated,
+        "allocated_bytes.all.peak": m.peak,
+        "allocation.all.allocated": m.allocs,
+        "allocation.all.freed": m.frees,
+        "allocation.all.current": m.allocs - m.frees,
+        "num_ooms": m.ooms,
+        "bytes_limit": m.limit,
     }
 
 
-def _fmt(n: int) -> str:
+def _fmt(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.2f} {unit}" if unit != "B" else f"{n} B"
+            return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return str(n)

@@ -63,7 +63,9 @@ def free(ptr: int) -> None:
     """Called by the native allocator when a storage dies."""
     rec = _records.pop(ptr, None)
     if rec is not None:
-        memory.release(rec.device, rec.nbytes)
+        m = memory._devices[rec.device]
+        m.allocated -= rec.nbytes
+        m.frees += 1
 
 
 def record(storage: torch.UntypedStorage) -> StorageRecord:

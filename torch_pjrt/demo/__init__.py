@@ -1,0 +1,1 @@
+"""The demo: a small GPT trained on the pjrt device from plain PyTorch code."""

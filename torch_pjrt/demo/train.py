@@ -1,0 +1,178 @@
+"""`python -m torch_pjrt demo`: train the GPT on the pjrt device, optionally beside the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+import time
+
+import torch
+
+from . import data as text
+from .model import GPT, SIZES, GPTConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=("strict", "fused", "compile"), default="fused",
+                   help="execution mode on the pjrt device (default: fused)")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--model-size", choices=tuple(SIZES), default="tiny")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--data", metavar="FILE", help="train on this text file (default: the "
+                   "Python standard library's sources)")
+    p.add_argument("--device", default="pjrt", help="device to train on (default: pjrt)")
+    p.add_argument("--compare-cpu", action="store_true",
+                   help="also train on CPU PyTorch from the same weights and compare losses")
+    p.add_argument("--plot", metavar="FILE", help="write the loss curves to this PNG")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sample-bytes", type=int, default=160)
+
+
+class Progress:
+    """A one-line progress bar on stderr: loss, tokens/s and ETA."""
+
+    def __init__(self, total: int, tokens_per_step: int, enabled: bool):
+        self.total, self.tokens, self.enabled = total, tokens_per_step, enabled
+        self.start = time.perf_counter()
+
+    def update(self, step: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        rate = step * self.tokens / max(elapsed, 1e-9)
+        eta = (self.total - step) * elapsed / max(step, 1)
+        filled = 24 * step // self.total
+        bar = "#" * filled + "." * (24 - filled)
+        end = "\n" if step == self.total else ""
+        print(f"\r  step {step:4d}/{self.total} [{bar}] loss {loss:6.3f} | "
+              f"{rate / 1000:6.1f}k tok/s | ETA {int(eta) // 60}:{int(eta) % 60:02d} ",
+              end=end, file=sys.stderr, flush=True)
+
+
+def _mode_context(mode: str, device: str):
+    import torch_pjrt
+
+    if not device.startswith("pjrt"):
+        return None
+    return torch_pjrt.set_eager_mode("strict" if mode == "compile" else mode)
+
+
+def _compile_step_model(model: GPT, mode: str):
+    if mode != "compile":
+        return model
+    import torch._dynamo
+
+    if "pjrt" not in torch._dynamo.list_backends():
+        raise SystemExit("torch_pjrt demo: --mode compile needs torch.compile(backend='pjrt'), "
+                         "which is not available yet; use --mode fused or --mode strict")
+    return torch.compile(model, backend="pjrt")
+
+
+@torch.no_grad()
+def evaluate(model: GPT, val: torch.Tensor, cfg: GPTConfig, device: str, batches: int = 4,
+             batch_size: int = 16) -> float:
+    gen = torch.Generator().manual_seed(1234)
+    total = 0.0
+    for _ in range(batches):
+        x, y = text.batch(val, batch_size, cfg.seq_len, gen)
+        _, loss = model(x.to(device), y.to(device))
+        total += loss.item()
+    return total / batches
+
+
+def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: str,
+          progress: bool) -> list[float]:
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    step_model = _compile_step_model(model, args.mode if device.startswith("pjrt") else "eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    bar = Progress(args.steps, args.batch_size * cfg.seq_len, progress)
+    losses = []
+    for step in range(1, args.steps + 1):
+        x, y = text.batch(train_data, args.batch_size, cfg.seq_len, gen)
+        _, loss = step_model(x.to(device), y.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        bar.update(step, losses[-1])
+    return losses
+
+
+def run(args) -> int:
+    import torch_pjrt
+
+    torch.manual_seed(args.seed)
+    cfg = GPTConfig(**{**SIZES[args.model_size].__dict__, "seq_len": args.seq_len})
+    corpus = text.load(args.data)
+    train_data, val_data = text.split(corpus)
+    model = GPT(cfg)
+    initial = copy.deepcopy(model.state_dict())
+    device = args.device
+    source = args.data or "the Python standard library's sources"
+    print(f"torch-pjrt demo: GPT-{args.model_size} ({model.num_params() / 1e6:.2f}M params, "
+          f"{cfg.layers} layers, d={cfg.d_model}) on {device}, mode={args.mode}")
+    print(f"  data: {source}, {len(corpus) / 1e6:.1f} MB bytes "
+          f"(train {len(train_data) / 1e6:.1f} MB / validation {len(val_data) / 1e6:.1f} MB)")
+    if device.startswith("pjrt"):
+        print(f"  device: {torch.pjrt.get_device_name()} ({torch.pjrt.device_count()} "
+              "PJRT device(s))")
+
+    torch_pjrt.counters.reset()
+    start = time.perf_counter()
+    ctx = _mode_context(args.mode, device)
+    model.to(device)
+    val_before = evaluate(model, val_data, cfg, device)
+    losses = train(model, train_data, cfg, args, device, progress=True)
+    val_after = evaluate(model, val_data, cfg, device)
+    prompt = torch.tensor([list(b"def ")], dtype=torch.long, device=device)
+    sample = bytes(model.generate(prompt, args.sample_bytes)[0].tolist()).decode(
+        "utf-8", errors="replace")
+    if device.startswith("pjrt"):
+        torch.pjrt.synchronize()
+    total = time.perf_counter() - start
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
+    m = torch_pjrt.metrics()
+
+    print(f"  validation loss: {val_before:.3f} -> {val_after:.3f} "
+          f"(train loss {losses[0]:.3f} -> {losses[-1]:.3f})")
+    print("  sample:\n    " + sample.replace("\n", "\n    "))
+    compile_s = m.get("compile_seconds", 0.0)
+    print(f"  time: {total:.1f} s: compile {compile_s:.1f} s, run {total - compile_s:.1f} s "
+          f"({m.get('compiles', 0)} compiles, {m.get('cache_hits', 0)} op cache hits, "
+          f"{m.get('graph_cache_hits', 0)} graph cache hits, "
+          f"{len(m.get('cpu_fallbacks', {}))} ops on CPU fallback)")
+
+    series = {f"{device} ({args.mode})": losses}
+    if args.compare_cpu:
+        cpu_model = GPT(cfg)
+        cpu_model.load_state_dict(initial)
+        cpu_args = copy.copy(args)
+        cpu_args.mode = "eager"
+        print("  CPU PyTorch, same initial weights and batches:")
+        cpu_losses = train(cpu_model, train_data, cfg, cpu_args, "cpu", progress=True)
+        series["cpu (PyTorch eager)"] = cpu_losses
+        diffs = [abs(a - b) for a, b in zip(losses, cpu_losses)]
+        print("  step    pjrt loss   cpu loss    |diff|")
+        for i in sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4,
+                         len(losses) - 1}):
+            print(f"  {i + 1:4d}   {losses[i]:9.5f}  {cpu_losses[i]:9.5f}  {diffs[i]:.2e}")
+        print(f"  largest loss difference over {len(diffs)} steps: {max(diffs):.2e}")
+    if args.plot:
+        from .plot import COLOR_NAMES, line_plot
+
+        line_plot(args.plot, series)
+        key = ", ".join(f"{c}: {name}" for c, name in zip(COLOR_NAMES, series))
+        print(f"  loss curves written to {args.plot} ({key})")
+    ok = math.isfinite(losses[-1]) and losses[-1] < losses[0]
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_pjrt demo", description=__doc__)
+    add_arguments(p)
+    return run(p.parse_args(argv))
