@@ -21,6 +21,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "warned once); 0: they raise RuntimeError."),
     EnvVar("TORCH_PJRT_CACHE_DIR", "", "Directory for the native shim build and the persistent "
            "compile cache; empty: $XDG_CACHE_HOME/torch_pjrt (or ~/.cache/torch_pjrt)."),
+    EnvVar("TORCH_PJRT_COMPILE_CACHE", "1", "1: keep compiled XLA programs on disk under "
+           "TORCH_PJRT_CACHE_DIR/xla and reuse them across processes; 0: off."),
+    EnvVar("TORCH_PJRT_CACHE_MAX_BYTES", "4e9", "Size limit of the on-disk compile cache; the "
+           "least recently used programs are evicted past it."),
     EnvVar("TORCH_PJRT_MEMORY_LIMIT", "", "Bytes of device memory torch-pjrt may hold per "
            "device before raising torch.OutOfMemoryError; empty: the device's own limit "
            "(host RAM on CPU)."),

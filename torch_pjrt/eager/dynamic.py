@@ -59,3 +59,86 @@ def make_index_put(execute):
 def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     x, mask = torch.broadcast_tensors(x, mask)
     return x[mask]
+
+
+# ------------------------------------------------------------------- unique
+def _empty_long(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((0,), dtype=torch.long)
+
+
+def _unique_flat(x, consecutive, return_inverse, return_counts):
+    values, inverse, counts, count = torch.ops.pjrt.unique_padded(x, consecutive)
+    n = int(count.item())
+    return (values[:n], inverse if return_inverse else _empty_long(x),
+            counts[:n] if return_counts else _empty_long(x))
+
+
+def unique2(x, sorted=True, return_inverse=False, return_counts=False):  # noqa: A002
+    """aten._unique2 (torch.unique without dim): always sorted, as PyTorch's CPU kernel."""
+    return _unique_flat(x, False, return_inverse, return_counts)
+
+
+def unique(x, sorted=True, return_inverse=False):  # noqa: A002
+    """aten._unique (the legacy overload)."""
+    return _unique_flat(x, False, return_inverse, False)[:2]
+
+
+def _unique_along(x, dim, consecutive):
+    dim = dim % max(x.dim(), 1)
+    values, inverse, counts, count = torch.ops.pjrt.unique_dim_padded(x, dim, consecutive)
+    n = int(count.item())
+    return values.narrow(dim, 0, n), inverse, counts[:n]
+
+
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None:
+        return _unique_along(x, dim, True)
+    return _unique_flat(x, True, return_inverse, return_counts)
+
+
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):  # noqa: A002
+    """PyTorch's CPU kernel returns the inverse and counts whether asked or not."""
+    return _unique_along(x, dim, False)
+
+
+def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
+    return _unique_along(x, dim, True)
+
+
+# ------------------------------------------------------- bincount, repeat_interleave
+def _bincount_dtype(weights: torch.Tensor) -> torch.dtype:
+    return weights.dtype if weights.dtype in (torch.float32, torch.float64) else torch.float64
+
+
+def bincount(x, weights=None, minlength=0):
+    if x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if weights is not None and (weights.dim() != 1 or weights.numel() != x.numel()):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    if x.numel() == 0:
+        return torch.zeros((minlength,), dtype=torch.long, device=x.device)
+    low, high = torch.stack([x.min(), x.max()]).cpu().tolist()
+    if low < 0:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    n = max(int(high) + 1, minlength)
+    if weights is None:
+        return torch.ops.pjrt.bincount_padded(x, _bucket(n))[:n]
+    return torch.ops.pjrt.bincount_weighted_padded(x, weights, _bucket(n),
+                                                   _bincount_dtype(weights))[:n]
+
+
+def repeat_interleave(repeats, *, output_size=None):
+    """aten.repeat_interleave.Tensor: the output length is sum(repeats), read from the device
+    unless the caller gives it."""
+    if repeats.dim() != 1 or repeats.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if output_size is not None:
+        return torch.ops.pjrt.repeat_interleave_padded(repeats, output_size, output_size)
+    if repeats.numel() == 0:
+        return repeats.new_empty((0,))
+    total, low = torch.stack([repeats.sum(), repeats.min().long()]).cpu().tolist()
+    if low < 0:
+        raise RuntimeError("repeats can not be negative")
+    return torch.ops.pjrt.repeat_interleave_padded(repeats, _bucket(int(total)))[:total]

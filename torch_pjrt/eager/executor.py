@@ -24,6 +24,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from .. import counters
 from ..lowering import checks
+from ..runtime import compile_cache
 from ..storage import dtypes, table, views
 from . import debug, graph, modes, opspec
 from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST, OpSpec
@@ -48,7 +49,7 @@ class Entry:
     """A compiled op for one input signature."""
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
-                 "targets", "written", "donate", "resize", "checks", "name")
+                 "targets", "written", "donate", "resize", "checks", "name", "digest", "device")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -57,6 +58,8 @@ class Entry:
         self.n_results = 0  # arrays the program returns, device-side check flags excluded
         self.result_avals: list[tuple] = []  # (shape, dtype) of each of those arrays
         self.name = ""
+        self.digest = ""  # stable across processes: names the program in the disk cache
+        self.device = 0
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
@@ -65,6 +68,10 @@ class Entry:
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
         self.checks: list[tuple] | None = None  # (error, message) of device-side checks
+
+    def set_checks(self, checks: list | None) -> None:
+        """Device-side checks of a program loaded from disk (tracing would have found them)."""
+        self.checks = checks
 
 
 _cache: dict[tuple, Entry] = {}
@@ -408,7 +415,9 @@ def _compile(call: _Call, key: tuple) -> Entry:
     order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
     jitted = jax.jit(trace, out_shardings=sharding,
                      donate_argnums=tuple(range(len(entry.donate))))
-    entry.fn = _Launcher(jitted, None if order == list(range(n_bufs)) else order)
+    entry.digest = compile_cache.digest((key, call.device), call.device)
+    entry.device = call.device
+    entry.fn = _Launcher(jitted, None if order == list(range(n_bufs)) else order, entry)
     entry.trace = trace
     entry.order = order
     entry.result_avals = [((o[4] // o[3].itemsize,), o[3]) for o in entry.outs if o is not None]
@@ -428,18 +437,28 @@ def _device(index: int):
 
 
 class _Launcher:
-    """Calls a jitted op with its storage buffers (donated ones first) and run-time scalars."""
+    """Calls a compiled op with its storage buffers (donated ones first) and run-time
+    scalars; the first call compiles it (or loads it from the persistent cache)."""
 
-    __slots__ = ("jitted", "order")
+    __slots__ = ("jitted", "order", "compiled", "name", "entry")
 
-    def __init__(self, jitted, order: list[int] | None):
+    def __init__(self, jitted, order: list[int] | None, entry: Entry):
         self.jitted = jitted
         self.order = order
+        self.compiled = None
+        self.entry = entry
 
     def __call__(self, recs: list, dyn: list):
         if self.order is None:
-            return self.jitted(*[r.value for r in recs], *dyn)
-        return self.jitted(*[recs[i].value for i in self.order], *dyn)
+            args = [r.value for r in recs]
+        else:
+            args = [recs[i].value for i in self.order]
+        if self.compiled is None:
+            entry = self.entry
+            self.compiled = compile_cache.compile(
+                self.jitted, (*args, *dyn), entry.digest, entry.device,
+                get_side=lambda: entry.checks, set_side=entry.set_checks)
+        return self.compiled(*args, *dyn)
 
 
 def _fresh_outputs(spec: OpSpec, meta_out) -> list[torch.Tensor]:

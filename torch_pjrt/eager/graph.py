@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _env, counters
 from ..lowering import checks
-from ..runtime import client
+from ..runtime import client, compile_cache
 from ..storage import table
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -89,11 +89,29 @@ def over_cap() -> bool:
 class _Plan:
     """A compiled graph: the jitted program and where its outputs go."""
 
-    __slots__ = ("jitted", "flag_nodes")
+    __slots__ = ("jitted", "compiled", "name", "flag_nodes", "entries", "device")
 
-    def __init__(self, jitted):
+    def __init__(self, jitted, name: str, entries: list, device: int):
         self.jitted = jitted
+        self.device = device
+        self.compiled = None
+        self.name = name  # the digest of the program in the persistent cache
+        self.entries = entries  # the op entry of each node, in order
         self.flag_nodes: list[int] = []  # nodes whose entry returns check flags, in order
+
+    def __call__(self, *args):
+        if self.compiled is None:
+            self.compiled = compile_cache.compile(self.jitted, args, self.name, self.device,
+                                                  get_side=self._side, set_side=self._restore)
+        return self.compiled(*args)
+
+    def _side(self):
+        return {p: self.entries[p].checks for p in self.flag_nodes}
+
+    def _restore(self, side: dict) -> None:
+        self.flag_nodes = sorted(side)
+        for p, entry_checks in side.items():
+            self.entries[p].set_checks(entry_checks)
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -170,13 +188,13 @@ def flush(reason: str = "sync") -> None:
     miss = plan is None
     if miss:
         counters.count("graph_cache_misses")
-        plan = _plans[key] = _build(wiring, outputs, len(inputs), donated, device)
+        plan = _plans[key] = _build(wiring, outputs, len(inputs), donated, device, key[-1])
     else:
         counters.count("graph_cache_hits")
     order = donated + [i for i in range(len(inputs)) if i not in set(donated)]
     start = time.perf_counter() if miss else 0.0
     try:
-        results = plan.jitted(*[inputs[i] for i in order], *dyn)
+        results = plan(*[inputs[i] for i in order], *dyn)
     except Exception as e:  # noqa: BLE001
         names = ", ".join(dict.fromkeys(n.entry.name for n in kept))
         raise RuntimeError(f"pjrt: a fused graph of {len(kept)} ops failed on the device "
@@ -193,9 +211,12 @@ def flush(reason: str = "sync") -> None:
         checks.defer(f, entry.checks, entry.name)
 
 
-def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int) -> _Plan:
+def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
+           dyn_types: tuple) -> _Plan:
     order = donated + [i for i in range(n_inputs) if i not in set(donated)]
-    plan = _Plan(None)
+    stable = (tuple((entry.digest, refs, n) for entry, refs, n in wiring), tuple(outputs),
+              tuple(donated), n_inputs, dyn_types)
+    plan = _Plan(None, compile_cache.digest(stable, device), [w[0] for w in wiring], device)
 
     def program(*flat):
         placed = [None] * n_inputs

@@ -11,8 +11,6 @@ from types import ModuleType
 
 import torch
 
-from ... import _env
-
 _SOURCE = os.path.join(os.path.dirname(__file__), "shim.cpp")
 _NAME = "torch_pjrt_native"
 
@@ -21,7 +19,10 @@ def _build_dir() -> str:
     with open(_SOURCE, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
     tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
-    return os.path.join(_env.cache_dir(), "native", tag)
+    # A build artifact, not part of the compile cache: it stays in the user's cache
+    # directory whatever TORCH_PJRT_CACHE_DIR says.
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch_pjrt", "native", tag)
 
 
 def _import_so(path: str) -> ModuleType:

@@ -1,0 +1,92 @@
+"""The persistent compile cache: warm processes reuse programs; damage never crashes."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROGRAM = """
+import torch, torch_pjrt
+torch_pjrt.set_eager_mode("{mode}")
+x = torch.arange(12.0).reshape(3, 4).to("pjrt")
+y = (x * 2 + 1).softmax(-1)[torch.tensor([2, 0]).to("pjrt")]
+assert torch.allclose(y.cpu(), (torch.arange(12.0).reshape(3, 4) * 2 + 1).softmax(-1)[[2, 0]])
+try:
+    x[torch.tensor([5]).to("pjrt")].cpu()
+    raise SystemExit("no IndexError")
+except IndexError:
+    pass
+m = torch_pjrt.metrics()
+print("hits", m.get("disk_cache_hits", 0), "misses", m.get("disk_cache_misses", 0),
+      "corrupt", m.get("disk_cache_corrupt", 0), "evictions", m.get("disk_cache_evictions", 0))
+"""
+
+
+def _run(cache_dir, mode="strict", extra_env=None, background=False):
+    env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(cache_dir), **(extra_env or {})}
+    cmd = [sys.executable, "-c", PROGRAM.format(mode=mode)]
+    if background:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return _counts(out.stdout)
+
+
+def _counts(stdout):
+    words = stdout.split()
+    return {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2)}
+
+
+def _entries(cache_dir):
+    return [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs
+            if f.endswith(".xc")]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_second_process_starts_warm(tmp_path, mode):
+    cold = _run(tmp_path, mode)
+    assert cold["misses"] > 0 and cold["hits"] == 0
+    warm = _run(tmp_path, mode)
+    assert warm["hits"] == cold["misses"] and warm["misses"] == 0
+
+
+def test_two_processes_at_once(tmp_path):
+    procs = [_run(tmp_path, background=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    assert _run(tmp_path)["misses"] == 0
+
+
+def test_corrupt_and_truncated_entries_are_recompiled(tmp_path):
+    _run(tmp_path)
+    entries = _entries(tmp_path)
+    with open(entries[0], "r+b") as f:  # flip bytes in the middle
+        f.seek(100)
+        f.write(b"garbage!garbage!")
+    with open(entries[1], "r+b") as f:  # cut short, as if the writer was killed
+        f.truncate(50)
+    counts = _run(tmp_path)
+    assert counts["corrupt"] == 2 and counts["misses"] >= 2
+    assert _run(tmp_path)["misses"] == 0  # rewritten and healthy again
+
+
+def test_size_limit_evicts_least_recently_used(tmp_path):
+    counts = _run(tmp_path, extra_env={"TORCH_PJRT_CACHE_MAX_BYTES": "20000"})
+    assert counts["evictions"] > 0
+    total = sum(os.path.getsize(p) for p in _entries(tmp_path))
+    assert total <= 20000
+
+
+def test_cache_cli_info_and_clear(tmp_path):
+    _run(tmp_path)
+    env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path)}
+    info = subprocess.run([sys.executable, "-m", "torch_pjrt", "cache", "info"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0 and "entries" in info.stdout, info.stderr
+    clear = subprocess.run([sys.executable, "-m", "torch_pjrt", "cache", "clear"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert clear.returncode == 0, clear.stderr
+    assert _entries(tmp_path) == []

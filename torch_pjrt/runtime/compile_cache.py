@@ -1,0 +1,245 @@
+"""The persistent compile cache: XLA executables on disk, shared by every mode.
+
+Each program (one op in strict mode, one graph in fused mode, one graph under
+torch.compile) has a digest of its cache key plus everything else that shapes
+the program: the torch, jax and torch-pjrt versions (torch-pjrt by a hash of its
+sources), the platform and device kind. A warm process deserializes the
+executable instead of tracing, lowering and compiling it.
+
+Entries are written to a temporary file and renamed into place, so readers in
+other processes never see a partial entry; a corrupt or truncated entry (bad
+magic, length or checksum, or a failed deserialization) is deleted and
+recompiled. When the directory grows past its size limit the least recently
+used entries are evicted.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import struct
+import tempfile
+import time
+from typing import Any
+
+from .. import _env, counters
+
+_MAGIC = b"TPJRTXC1"
+_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of payload
+_SUFFIX = ".xc"
+
+_total_bytes: int | None = None  # this process's running estimate of the cache size
+
+
+def enabled() -> bool:
+    return _env.flag("TORCH_PJRT_COMPILE_CACHE")
+
+
+def max_bytes() -> int:
+    return int(float(_env.get("TORCH_PJRT_CACHE_MAX_BYTES")))
+
+
+def directory() -> str:
+    return os.path.join(_env.cache_dir(), "xla")
+
+
+# The parts of torch-pjrt whose code shapes the compiled programs.
+_PROGRAM_SOURCES = ("eager", "lowering", "storage", "compile")
+
+
+@functools.cache
+def _source_hash() -> str:
+    """A hash of torch-pjrt's own sources: a changed lowering must not reuse old programs."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in (walked for part in _PROGRAM_SOURCES
+                                         for walked in os.walk(os.path.join(package, part))):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith((".py", ".cpp")):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    h.update(name.encode() + f.read())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _prefix(device_index: int) -> str:
+    import jax
+    import jaxlib
+    import torch
+
+    from . import client
+
+    d = client.device(device_index)
+    return (f"torch={torch.__version__};jax={jax.__version__};jaxlib={jaxlib.__version__};"
+            f"src={_source_hash()};platform={d.platform};kind={d.device_kind};"
+            f"devices={client.device_count()};")
+
+
+def digest(key: Any, device_index: int) -> str:
+    import torch
+
+    text = _prefix(device_index) + f"mm={torch.get_float32_matmul_precision()};" + repr(key)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _path(name: str) -> str:
+    return os.path.join(directory(), name[:2], name + _SUFFIX)
+
+
+def load(name: str, device: int):
+    """(executable, side info) stored under `name`, or None (missing or damaged: then
+    recompiled)."""
+    if not enabled():
+        return None
+    path = _path(name)
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError:
+        counters.count("disk_cache_misses")
+        return None
+    try:
+        magic, length, checksum = _HEADER.unpack_from(blob)
+        payload = blob[_HEADER.size:]
+        if magic != _MAGIC or length != len(payload) or \
+                hashlib.sha256(payload).digest() != checksum:
+            raise ValueError("bad header, length or checksum")
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        from . import client
+
+        serialized, side = pickle.loads(payload)
+        compiled = deserialize_and_load(*serialized,
+                                        execution_devices=[client.device(device)])
+    except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
+        counters.count("disk_cache_corrupt")
+        _remove(path)
+        return None
+    counters.count("disk_cache_hits")
+    try:
+        os.utime(path)  # most recently used
+    except OSError:
+        pass
+    return compiled, side
+
+
+def store(name: str, compiled, side: Any = None) -> None:
+    """Write `compiled` (and `side`, what tracing learned that the program does not say,
+    e.g. which outputs are device-side check flags) under `name` atomically; evict old
+    entries past the size limit."""
+    if not enabled():
+        return
+    try:
+        from jax.experimental.serialize_executable import serialize
+
+        payload = pickle.dumps((serialize(compiled), side), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - some executables cannot be serialized: skip them
+        counters.count("disk_cache_unserializable")
+        return
+    blob = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+    path = _path(name)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except OSError:
+        return
+    counters.count("disk_cache_writes")
+    _account(len(blob))
+
+
+def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side=None):
+    """`jitted` compiled for `args`: from the disk cache, else by XLA (then stored).
+
+    get_side() is called after tracing for the side info to store with the program;
+    set_side(info) restores it when the program comes from disk instead."""
+    found = load(name, device)
+    if found is not None:
+        compiled, side = found
+        if set_side is not None:
+            set_side(side)
+        return compiled
+    compiled = jitted.lower(*args).compile()
+    store(name, compiled, get_side() if get_side is not None else None)
+    return compiled
+
+
+# ------------------------------------------------------------------ eviction
+def _entries() -> list[tuple[float, int, str]]:
+    out = []
+    root = directory()
+    if not os.path.isdir(root):
+        return out
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            if name.endswith(_SUFFIX):
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                out.append((st.st_mtime, st.st_size, path))
+    return out
+
+
+def _account(nbytes: int) -> None:
+    global _total_bytes
+    if _total_bytes is None:
+        _total_bytes = sum(size for _, size, _ in _entries())
+    else:
+        _total_bytes += nbytes
+    if _total_bytes > max_bytes():
+        evict(int(max_bytes() * 0.8))
+
+
+def evict(target_bytes: int) -> int:
+    """Delete least recently used entries until the cache holds at most target_bytes."""
+    global _total_bytes
+    entries = sorted(_entries())
+    total = sum(size for _, size, _ in entries)
+    removed = 0
+    for _, size, path in entries:
+        if total <= target_bytes:
+            break
+        if _remove(path):
+            total -= size
+            removed += 1
+    counters.count("disk_cache_evictions", removed)
+    _total_bytes = total
+    return removed
+
+
+def _remove(path: str) -> bool:
+    try:
+        os.remove(path)
+        return True
+    except OSError:
+        return False
+
+
+def info() -> dict[str, Any]:
+    entries = _entries()
+    newest = max((m for m, _, _ in entries), default=None)
+    return {
+        "directory": directory(),
+        "enabled": enabled(),
+        "entries": len(entries),
+        "bytes": sum(size for _, size, _ in entries),
+        "max_bytes": max_bytes(),
+        "newest": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest)) if newest else None,
+    }
+
+
+def clear() -> int:
+    """Delete every entry; returns how many there were."""
+    n = 0
+    for _, _, path in _entries():
+        n += _remove(path)
+    global _total_bytes
+    _total_bytes = 0
+    return n
