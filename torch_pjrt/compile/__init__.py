@@ -1,0 +1,1 @@
+"""torch.compile support: the "pjrt" Dynamo backend (see backend.py)."""

@@ -36,8 +36,10 @@ METADATA_OPS = (
 )
 
 
-def _executor_kernel(spec: opspec.OpSpec):
+def executor_kernel(op: torch._ops.OpOverload):
+    """The PrivateUse1 kernel of an op served by its lowering."""
     execute = executor.execute
+    spec = opspec.spec(op)
 
     def kernel(*args, **kwargs):
         return execute(spec, args, kwargs)
@@ -61,7 +63,9 @@ def _variants(op: torch._ops.OpOverload):
 def lowered_ops() -> list[torch._ops.OpOverload]:
     """Every overload the executor serves: lowered ops and their variants."""
     ops = []
-    for op in registry.table():
+    for op, lowering in registry.table().items():
+        if not lowering.eager:
+            continue
         ops.append(op)
         if op.namespace == "aten":
             ops.extend(v for v in _variants(op) if registry.get(v) is None)
@@ -224,7 +228,7 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
         if op in special or op in METADATA_OPS:
             continue
         target = lib if op.namespace == "aten" else pjrt_lib
-        target.impl(_qualname(op), _executor_kernel(opspec.spec(op)))
+        target.impl(_qualname(op), executor_kernel(op))
     _extra_libs.append(pjrt_lib)
     fallback_lib.fallback(fallback.run)
 

@@ -20,10 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from .. import counters
-from ..lowering import checks
+from ..lowering import apply, checks
 from ..runtime import compile_cache
 from ..storage import dtypes, table, views
 from . import debug, graph, modes, opspec
@@ -401,7 +400,8 @@ def _compile(call: _Call, key: tuple) -> Entry:
     entry.single = (not entry.written and len(returns) == 1 and returns[0].alias_info is None
                     and opspec._kind(returns[0].type) == TENSOR)
 
-    compute = _promotion(spec, metas, meta_out)
+    first = _flat_tensors(meta_out)
+    compute = apply.promotion(spec, metas, first[0].dtype if first else None)
     # What the lowering computes: the written tensors' values, else the fresh outputs.
     if spec.mutated:
         computed = [m for pos in spec.mutated for m in
@@ -472,42 +472,6 @@ def _fresh_outputs(spec: OpSpec, meta_out) -> list[torch.Tensor]:
     return fresh
 
 
-_KINDS = {
-    "default": ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
-    "int_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT,
-    "always_bool": ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL,
-    "complex_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.COMPLEX_TO_FLOAT,
-    "bool_to_long": ELEMENTWISE_TYPE_PROMOTION_KIND.BOOL_TO_LONG,
-    "no_opmath": ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH,
-}
-
-
-def _promotion(spec: OpSpec, metas: list, meta_out) -> dict[str, Any] | None:
-    """{arg name: computation dtype} for the operands the lowering wants promoted."""
-    lowering = spec.lowering
-    if lowering.promote is None:
-        return None
-    names = lowering.operands
-    if names is None:
-        names = tuple(a.name for a in spec.args
-                      if a.kind in (TENSOR, OPT_TENSOR, TENSOR_LIST, SCALAR) and not
-                      (spec.is_out and a.write))
-    by_name = {a.name: (a, m) for a, m in zip(spec.args, metas)}
-    operands = []
-    for n in names:
-        a, m = by_name[n]
-        if m is None:
-            continue
-        operands.extend(m if isinstance(m, list) else [m])
-    if lowering.promote == "result":
-        dtype = _flat_tensors(meta_out)[0].dtype
-    elif not operands:
-        return None
-    else:
-        dtype, _ = elementwise_dtypes(*operands, type_promotion_kind=_KINDS[lowering.promote])
-    return {n: dtypes.to_jax(dtype) for n in names}
-
-
 def _tensor_parts(spec: OpSpec, key: tuple):
     """Every pjrt tensor part of a key, in argument order."""
     for a, part in zip(spec.args, key[1:]):
@@ -557,39 +521,25 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
             idx, dtype, shape, stride, offset = part[:5]
             return views.read(bufs[idx], shape, stride, offset, dtypes.to_jax(dtype))
 
-        pos_args, kw_args = [], {}
+        values = []
         for a, part in zip(spec.args, arg_parts):
             kind = a.kind
             if kind == GENERATOR or (spec.is_out and a.write):
-                continue
-            if kind in (TENSOR, OPT_TENSOR):
-                val = read(part)
+                values.append(None)
+            elif kind in (TENSOR, OPT_TENSOR):
+                values.append(read(part))
             elif kind in (TENSOR_LIST, OPT_TENSOR_LIST):
-                val = [read(p) for p in part]
-            elif kind == SCALAR:
-                if isinstance(part, tuple):  # a static Python number: weakly typed already
-                    val = part[1]
-                    if a.kwarg_only:
-                        kw_args[a.name] = val
-                    else:
-                        pos_args.append(val)
-                    continue
-                val = next(dyn_iter)
+                values.append([read(p) for p in part])
+            elif kind == SCALAR:  # a static Python number, or a run-time value
+                values.append(part[1] if isinstance(part, tuple) else next(dyn_iter))
             else:
-                val = _unhashable(part)
-            if compute is not None and val is not None and a.name in compute:
-                val = _cast(val, compute[a.name])
-            if a.kwarg_only:
-                kw_args[a.name] = val
-            else:
-                pos_args.append(val)
+                values.append(_unhashable(part))
+        rng = None
         if lowering.random:
             seed, offset = next(dyn_iter), next(dyn_iter)
-            kw_args["key"] = jax.random.fold_in(jax.random.key(seed), offset)
-        if lowering.wants_meta:
-            kw_args["meta"] = meta_structs
+            rng = jax.random.fold_in(jax.random.key(seed), offset)
         with checks.CheckCollector() as collected:
-            results = _flatten_result(lowering.fn(*pos_args, **kw_args))
+            results = apply.invoke(spec, values, compute, meta_structs, rng)
         entry.checks = [(err, msg) for _, err, msg in collected.checks] or None
 
         target_vals = results[:n_targets] if spec.mutated else []
@@ -601,7 +551,7 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
         outs = [_layout(v, *o) for v, o in zip(fresh_vals, out_specs) if o is not None]
         new_bufs = {}
         for (buf, dtype, shape, stride, offset), val in zip(entry.targets, target_vals):
-            val = jnp.broadcast_to(jnp.asarray(val).astype(dtypes.to_jax(dtype)), shape)
+            val = apply.broadcast_cast(val, shape, dtypes.to_jax(dtype))
             new_bufs[buf] = views.write(new_bufs.get(buf, bufs[buf]), val, shape, stride, offset)
         flags = (jnp.stack([bad for bad, _, _ in collected.checks]),) if entry.checks else ()
         return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
@@ -615,19 +565,6 @@ def _unhashable(v):
     if isinstance(v, tuple):
         return [_unhashable(x) for x in v]
     return v
-
-
-def _cast(val, dtype):
-    if isinstance(val, list):
-        return [None if x is None else _cast(x, dtype) for x in val]
-    return jnp.asarray(val).astype(dtype)
-
-
-def _flatten_result(result) -> list:
-    """Arrays of a lowering's result in order; None stays (an undefined tensor)."""
-    if isinstance(result, (tuple, list)):
-        return [x for r in result for x in _flatten_result(r)]
-    return [result]
 
 
 def _layout(value, shape, stride, dtype):

@@ -31,6 +31,7 @@ class Lowering:
     static: frozenset[str] = frozenset()  # Scalar args passed as Python values
     random: bool = False  # fn takes key= (a JAX PRNG key)
     wants_meta: bool = False  # fn takes meta= (the output ShapeDtypeStructs)
+    eager: bool = True  # False: only compiled graphs use it (views are metadata in eager)
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
@@ -42,6 +43,7 @@ def lower(
     operands: Iterable[str] | None = None,
     static: Iterable[str] = (),
     random: bool = False,
+    eager: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each listed overload."""
     if promote is not None and promote not in PROMOTIONS:
@@ -58,7 +60,7 @@ def lower(
                                  f"({_TABLE[op].fn.__module__}.{_TABLE[op].fn.__name__})")
             _TABLE[op] = Lowering(
                 op, fn, promote, tuple(operands) if operands is not None else None,
-                frozenset(static), random, wants_meta,
+                frozenset(static), random, wants_meta, eager,
             )
         return fn
 

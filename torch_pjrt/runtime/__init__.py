@@ -93,4 +93,7 @@ def ensure_initialized() -> None:
         fallback_lib = torch.library.Library("_", "IMPL", "PrivateUse1")
         dispatch.install(lib, fallback_lib)
         _libs[:] = [lib, fallback_lib]
+        from ..compile import backend
+
+        backend.register()
         _initialized = True

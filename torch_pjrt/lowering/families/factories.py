@@ -26,6 +26,22 @@ def arange(start, end, step=1, *, meta):
     return values.astype(dtype)
 
 
+# Functional factories: in eager they reach the backend as empty + an out= op; compiled
+# graphs contain them as they are.
+@lower(aten.arange.start_step, aten.arange.start, aten.arange.default, eager=False,
+       static=("start", "end", "step"))
+def arange_functional(start, end=None, step=1, *, dtype=None, layout=None, device=None,
+                      pin_memory=None, meta):
+    if end is None:
+        start, end = 0, start
+    return arange(start, end, step, meta=meta)
+
+
+@lower(aten.empty.memory_format, aten.empty_strided.default, eager=False)
+def empty(size, *args, meta, **kwargs):
+    return jnp.zeros(meta[0].shape, meta[0].dtype)
+
+
 @lower(aten.linspace.out)
 def linspace(start, end, steps, *, meta):
     (out,) = meta

@@ -1,0 +1,58 @@
+"""`python -m torch_pjrt <command>`: info, demo, ops (coverage), cache."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def info(args: argparse.Namespace) -> int:
+    """Devices, versions and settings."""
+    from . import cli
+
+    return cli.run_info(args)
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Train a small GPT on the pjrt device (the main job)."""
+    from .demo.train import run
+
+    return run(args)
+
+
+def ops(args: argparse.Namespace) -> int:
+    """OpInfo coverage: every op_db op on pjrt against the CPU."""
+    from . import cli
+
+    return cli.run_ops(args)
+
+
+def cache(args: argparse.Namespace) -> int:
+    """The persistent compile cache: info or clear."""
+    from . import cli
+
+    return cli.run_cache(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import cli
+
+    parser = argparse.ArgumentParser(prog="python -m torch_pjrt", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for fn in (info, demo, ops, cache):
+        p = sub.add_parser(fn.__name__, help=fn.__doc__, description=fn.__doc__)
+        p.set_defaults(func=fn)
+        if fn is ops:
+            cli.add_ops_arguments(p)
+        elif fn is demo:
+            from .demo.train import add_arguments
+
+            add_arguments(p)
+        elif fn is cache:
+            p.add_argument("action", choices=("info", "clear"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

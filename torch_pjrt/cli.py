@@ -1,0 +1,179 @@
+"""`python -m torch_pjrt ops`: the OpInfo coverage sweep and its report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+DEFAULT_OUT = os.path.join("docs", "op-coverage.md")
+_CHECKPOINT_EVERY = 20  # ops between partial writes of the JSON (a crash keeps the rest)
+
+
+def add_ops_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", action="store_true",
+                   help=f"write the markdown table and a JSON next to it (--out, default "
+                        f"{DEFAULT_OUT})")
+    p.add_argument("--out", default=DEFAULT_OUT, help="markdown path; the JSON gets .json")
+    p.add_argument("--ops", default=None,
+                   help="comma-separated OpInfo names (name[.variant]); default: all of op_db")
+    p.add_argument("--dtype", default="float32", help="sample dtype (default float32)")
+    p.add_argument("--time-limit", type=float, default=120.0,
+                   help="seconds per op and direction before it counts as failed (0: none)")
+    p.add_argument("--max-samples", type=int, default=None,
+                   help="at most this many sample inputs per op (default: all)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the results already in the JSON and run only the missing ops")
+
+
+def _json_path(md_path: str) -> str:
+    return os.path.splitext(md_path)[0] + ".json"
+
+
+def _environment(dtype: str) -> dict:
+    import jax
+    import torch
+
+    return {"torch": torch.__version__, "jax": jax.__version__,
+            "platform": jax.default_backend(), "dtype": dtype,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def _load_previous(path: str, dtype: str) -> tuple[dict, float]:
+    from .conformance import OpResult
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}, 0.0
+    if data.get("meta", {}).get("dtype") != dtype:
+        return {}, 0.0
+    done = {d["name"]: OpResult.from_dict(d) for d in data.get("ops", [])}
+    return done, float(data.get("meta", {}).get("seconds", 0.0))
+
+
+def _write(args, results: list, seconds: float, complete: bool) -> None:
+    import torch
+
+    from . import conformance
+
+    dtype = getattr(torch, args.dtype)
+    totals = conformance.totals(results, seconds)
+    meta = {**_environment(args.dtype), "seconds": round(seconds, 1), "complete": complete,
+            "time_limit": args.time_limit, "max_samples": args.max_samples}
+    json_path = _json_path(args.out)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(json_path + ".tmp", "w") as f:
+        json.dump({"meta": meta, "totals": {
+            "ops": totals.ops, "autograd_ops": totals.autograd_ops,
+            "forward": totals.forward, "backward": totals.backward,
+            "forward_pass_percent": round(totals.percent("forward", "pass"), 2),
+            "backward_pass_percent": round(totals.percent("backward", "pass"), 2),
+        }, "ops": [r.to_dict() for r in results]}, f, indent=1)
+    os.replace(json_path + ".tmp", json_path)
+    if complete:
+        header = (f"torch {meta['torch']}, jax {meta['jax']}, platform `{meta['platform']}`, "
+                  f"{meta['date']}; per-op time limit {args.time_limit:g} s"
+                  + (f", at most {args.max_samples} samples per op" if args.max_samples else "")
+                  + ". Raw results: "
+                  f"[{os.path.basename(json_path)}]({os.path.basename(json_path)}).")
+        with open(args.out, "w") as f:
+            f.write(conformance.markdown(results, totals, dtype=dtype, header=header))
+
+
+def run_ops(args: argparse.Namespace) -> int:
+    """Run the sweep; print one line per op, then the totals (and write the report)."""
+    import torch
+
+    from . import conformance
+
+    dtype = getattr(torch, args.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        print(f"ops: unknown dtype {args.dtype!r} (e.g. float32, float64, bfloat16)",
+              file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.ops.split(",") if n.strip()] if args.ops else None
+    try:
+        opinfos = conformance.select_ops(names)
+    except KeyError as e:
+        print(f"ops: {e.args[0]}", file=sys.stderr)
+        return 2
+
+    done, previous_seconds = ({}, 0.0)
+    if args.resume and args.report:
+        done, previous_seconds = _load_previous(_json_path(args.out), args.dtype)
+    results = []
+    start = time.perf_counter()
+    for i, opinfo in enumerate(opinfos, 1):
+        name = conformance.op_name(opinfo)
+        if name in done:
+            results.append(done[name])
+            continue
+        r = conformance.run_op(opinfo, dtype, time_limit=args.time_limit or None,
+                               max_samples=args.max_samples)
+        conformance.release_compiled()
+        results.append(r)
+        print(f"[{i}/{len(opinfos)}] {name}: forward {r.forward.status}, backward "
+              f"{r.backward.status} ({r.forward.seconds + r.backward.seconds:.1f} s)"
+              + "".join(f"\n    {d}: {o.reason}" for d, o in
+                        (("forward", r.forward), ("backward", r.backward))
+                        if o.status == "fail"), flush=True)
+        if args.report and i % _CHECKPOINT_EVERY == 0:
+            _write(args, results, previous_seconds + time.perf_counter() - start, False)
+    seconds = previous_seconds + time.perf_counter() - start
+
+    t = conformance.totals(results, seconds)
+    verdicts = [(r.name, d, conformance.verdict(r.name, d, r.outcome(d)))
+                for r in results for d in conformance.DIRECTIONS]
+    print(f"\n{t.ops} ops, {seconds / 60:.1f} min")
+    for d in conformance.DIRECTIONS:
+        counts = getattr(t, d)
+        print(f"{d:>8}: " + ", ".join(f"{counts[s]} {s}" for s in conformance.STATUSES)
+              + f"; {t.percent(d, 'pass'):.1f}% pass")
+    for label, which in (("unexpected failures (not in the known list)", "unexpected"),
+                         ("known failures that pass now (remove them from the list)", "fixed")):
+        found = [f"{n} ({d})" for n, d, v in verdicts if v == which]
+        if found:
+            print(f"{label}: {', '.join(found)}")
+    if args.report:
+        _write(args, results, seconds, True)
+        print(f"wrote {args.out} and {_json_path(args.out)}")
+    return 0
+
+
+# ------------------------------------------------------------------ info / cache
+def run_info(args: argparse.Namespace) -> int:
+    import jax
+    import torch
+
+    from . import _env
+    from .runtime import compile_cache
+
+    print(f"torch-pjrt {__import__('torch_pjrt').__version__}: torch {torch.__version__}, "
+          f"jax {jax.__version__}")
+    print(f"pjrt devices: {torch.pjrt.device_count()} x {torch.pjrt.get_device_name()}")
+    from .eager import modes
+
+    print(f"eager mode: {modes.get()}")
+    c = compile_cache.info()
+    print(f"compile cache: {c['directory']} ({c['entries']} entries, {c['bytes'] / 1e6:.1f} MB"
+          f" of {c['max_bytes'] / 1e9:.1f} GB){'' if c['enabled'] else ' (disabled)'}")
+    print("environment:")
+    for var in _env.VARIABLES:
+        print(f"  {var.name}={_env.get(var.name)!r}")
+    return 0
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    from .runtime import compile_cache
+
+    if args.action == "clear":
+        print(f"removed {compile_cache.clear()} entries from {compile_cache.directory()}")
+        return 0
+    c = compile_cache.info()
+    print(f"directory: {c['directory']}\nenabled: {c['enabled']}\nentries: {c['entries']}\n"
+          f"bytes: {c['bytes']}\nmax_bytes: {c['max_bytes']}\nnewest: {c['newest']}")
+    return 0

@@ -1,0 +1,75 @@
+"""`torch.compile(backend="pjrt")`: Dynamo and AOTAutograd graphs lowered to XLA.
+
+Dynamo captures the program, AOTAutograd splits forward and backward and
+decomposes to core ATen (keeping the ops torch-pjrt lowers directly, such as
+softmax, layer norm and the matmul family), and each graph becomes one XLA
+program through the same lowering table as eager. A graph with an op that has
+no lowering runs eagerly instead (said once), or raises when
+TORCH_PJRT_CPU_FALLBACK=0.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from .. import _env, counters
+from ..lowering import registry
+from . import graph
+
+_warned: set[str] = set()
+
+
+@functools.cache
+def decompositions() -> dict:
+    """Core ATen decompositions, minus the ops with a direct lowering (faster in XLA)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    lowered = set(registry.table())
+    return {op: fn for op, fn in table.items() if op not in lowered}
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
+    try:
+        compiled = graph.CompiledGraph(gm, list(example_inputs))
+    except graph.Unsupported as e:
+        if not _env.flag("TORCH_PJRT_CPU_FALLBACK"):
+            raise RuntimeError(f"pjrt: torch.compile graph uses {e}, which has no lowering "
+                               "(and TORCH_PJRT_CPU_FALLBACK=0)") from None
+        counters.count("compile_eager_graphs")
+        if str(e) not in _warned:
+            _warned.add(str(e))
+            warnings.warn(f"pjrt: a torch.compile graph uses {e}, which has no lowering; that "
+                          "graph runs op by op in eager mode instead", stacklevel=2)
+        return _eager(gm)
+    counters.count("compiled_graphs")
+    return compiled
+
+
+def _eager(gm: torch.fx.GraphModule):
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    return make_boxed_func(gm.forward)
+
+
+def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
+    """The Dynamo backend registered as "pjrt"."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from .. import runtime
+
+    runtime.ensure_initialized()
+    backend = aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph,
+                           decompositions=decompositions(),
+                           keep_inference_input_mutations=True)
+    return backend(gm, example_inputs)
+
+
+def register() -> None:
+    from torch._dynamo import list_backends, register_backend
+
+    if "pjrt" not in list_backends():
+        register_backend(compiler_fn=pjrt_backend, name="pjrt")

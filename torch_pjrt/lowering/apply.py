@@ -1,0 +1,96 @@
+"""Calling a lowering: the machinery shared by eager ops and compiled graphs.
+
+Given an op's arguments in schema order (tensors already as arrays), cast the
+promoted operands to PyTorch's computation dtype, pass the output metadata or
+an RNG key if the lowering asks, and collect its results as a flat list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from ..storage import dtypes
+
+# opspec argument kinds (kept here as plain ints to avoid an import cycle)
+TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, GENERATOR, OTHER = range(7)
+
+_KINDS = {
+    "default": ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
+    "int_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT,
+    "always_bool": ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL,
+    "complex_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.COMPLEX_TO_FLOAT,
+    "bool_to_long": ELEMENTWISE_TYPE_PROMOTION_KIND.BOOL_TO_LONG,
+    "no_opmath": ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH,
+}
+
+
+def promotion(spec, metas: list, out_dtype) -> dict[str, Any] | None:
+    """{arg name: computation dtype} for the operands the lowering wants promoted.
+
+    `metas` are the arguments with tensors as meta/fake tensors; `out_dtype` is the
+    dtype of the op's first output (for promote="result")."""
+    lowering = spec.lowering
+    if lowering.promote is None:
+        return None
+    names = lowering.operands
+    if names is None:
+        names = tuple(a.name for a in spec.args
+                      if a.kind in (TENSOR, OPT_TENSOR, TENSOR_LIST, SCALAR)
+                      and not (spec.is_out and a.write))
+    by_name = {a.name: m for a, m in zip(spec.args, metas)}
+    operands = []
+    for n in names:
+        m = by_name[n]
+        if m is not None:
+            operands.extend(m if isinstance(m, list) else [m])
+    if lowering.promote == "result":
+        dtype = out_dtype
+    elif not operands:
+        return None
+    else:
+        dtype, _ = elementwise_dtypes(*operands, type_promotion_kind=_KINDS[lowering.promote])
+    return {n: dtypes.to_jax(dtype) for n in names}
+
+
+def _cast(val, dtype):
+    if isinstance(val, list):
+        return [_cast(x, dtype) for x in val]
+    if isinstance(val, jax.Array):
+        return val.astype(dtype)
+    return val  # None, or a Python number (weakly typed: it takes the array's dtype)
+
+
+def flatten(result) -> list:
+    """A lowering's result as a flat list in order; None stays (an undefined tensor)."""
+    if isinstance(result, (tuple, list)):
+        return [x for r in result for x in flatten(r)]
+    return [result]
+
+
+def invoke(spec, values: list, compute: dict | None, meta_structs: list | None, key=None) -> list:
+    """Call spec.lowering on `values` (schema order; tensors as arrays) and flatten."""
+    lowering = spec.lowering
+    pos, kw = [], {}
+    for a, v in zip(spec.args, values):
+        if a.kind == GENERATOR or (spec.is_out and a.write):
+            continue
+        if compute is not None and a.name in compute:
+            v = _cast(v, compute[a.name])
+        if a.kwarg_only:
+            kw[a.name] = v
+        else:
+            pos.append(v)
+    if lowering.random:
+        kw["key"] = key
+    if lowering.wants_meta:
+        kw["meta"] = meta_structs
+    return flatten(lowering.fn(*pos, **kw))
+
+
+def broadcast_cast(value, shape, dtype):
+    """A lowering's result made exactly the output's shape and dtype."""
+    return jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
