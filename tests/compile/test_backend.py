@@ -133,3 +133,13 @@ def test_dropout_draws_from_the_device_generator():
     assert torch.equal(a, b)
     assert 400 < (a == 0).sum() < 600
     assert not torch.equal(a, fn(x).cpu())
+
+
+def test_default_backend_picks_pjrt_for_pjrt_tensors():
+    model = _mlp()
+    dev = copy.deepcopy(model).to("pjrt")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        out = torch.compile(dev)(x.to("pjrt"))  # no backend given
+        torch.testing.assert_close(out.cpu(), model(x), atol=1e-5, rtol=1e-5)
+    assert torch_pjrt.metrics().get("compiled_graphs", 0) >= 1

@@ -69,7 +69,21 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
 
 
 def register() -> None:
+    """Register the "pjrt" backend, and make the default backend (Inductor, which has no
+    code generator for this device) hand graphs of pjrt tensors to it."""
     from torch._dynamo import list_backends, register_backend
 
     if "pjrt" not in list_backends():
         register_backend(compiler_fn=pjrt_backend, name="pjrt")
+    wrapper = torch._TorchCompileInductorWrapper
+    if not getattr(wrapper.__call__, "_pjrt", False):
+        inductor_call = wrapper.__call__
+
+        @functools.wraps(inductor_call)
+        def call(self, model_, inputs_, **kwargs):
+            if any(isinstance(t, torch.Tensor) and t.device.type == "pjrt" for t in inputs_):
+                return pjrt_backend(model_, inputs_)
+            return inductor_call(self, model_, inputs_, **kwargs)
+
+        call._pjrt = True
+        wrapper.__call__ = call
