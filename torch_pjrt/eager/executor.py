@@ -26,7 +26,16 @@ from ..lowering import apply, checks
 from ..runtime import compile_cache
 from ..storage import dtypes, table, views
 from . import debug, graph, modes, opspec
-from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST, OpSpec
+from .opspec import (
+    GENERATOR,
+    OPT_TENSOR,
+    OPT_TENSOR_LIST,
+    SCALAR,
+    SCALAR_LIST,
+    TENSOR,
+    TENSOR_LIST,
+    OpSpec,
+)
 
 _records = table._records
 _native = None  # set by install()
@@ -155,6 +164,9 @@ def _key(call: _Call) -> tuple:
             parts.append(None if v is None else call.tensor_part(v))
         elif kind == TENSOR_LIST or kind == OPT_TENSOR_LIST:
             parts.append(tuple(None if t is None else call.tensor_part(t) for t in v))
+        elif kind == SCALAR_LIST:  # run-time values, like Scalar (an optimizer's step sizes)
+            dyn.extend(v)
+            parts.append(("sl", tuple(type(x) for x in v)))
         elif kind == GENERATOR:
             parts.append(GENERATOR)
         else:
@@ -532,6 +544,8 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
                 values.append([read(p) for p in part])
             elif kind == SCALAR:  # a static Python number, or a run-time value
                 values.append(part[1] if isinstance(part, tuple) else next(dyn_iter))
+            elif kind == SCALAR_LIST:
+                values.append([next(dyn_iter) for _ in part[1]])
             else:
                 values.append(_unhashable(part))
         rng = None

@@ -182,6 +182,7 @@ def flush(reason: str = "sync") -> None:
         if ref not in out_index:
             out_index[ref] = len(outputs)
             outputs.append(ref)
+    counters.count("graph_outputs", len(outputs))
     key = (tuple(wiring), tuple(outputs), tuple(donated), device,
            tuple(type(d) for d in dyn))
     plan = _plans.get(key)

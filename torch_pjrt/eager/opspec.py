@@ -11,7 +11,17 @@ from ..lowering import registry
 
 OpOverload = torch._ops.OpOverload
 
-TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, GENERATOR, OTHER = range(7)
+from ..lowering.kinds import (  # noqa: F401 - re-exported for the executor
+    GENERATOR,
+    OPT_TENSOR,
+    OPT_TENSOR_LIST,
+    OTHER,
+    SCALAR,
+    SCALAR_LIST,
+    TENSOR,
+    TENSOR_LIST,
+)
+from ..lowering.kinds import of as _kind
 _NO_DEFAULT = object()
 
 
@@ -22,20 +32,6 @@ class ArgSpec:
     write: bool  # mutated by the op (Tensor(a!))
     kwarg_only: bool
     default: object
-
-
-_KINDS = {
-    "Tensor": TENSOR,
-    "Tensor?": OPT_TENSOR, "Optional[Tensor]": OPT_TENSOR,
-    "Tensor[]": TENSOR_LIST, "List[Tensor]": TENSOR_LIST,
-    "Tensor?[]": OPT_TENSOR_LIST, "List[Optional[Tensor]]": OPT_TENSOR_LIST,
-    "Scalar": SCALAR, "number": SCALAR,
-    "Generator?": GENERATOR, "Optional[Generator]": GENERATOR, "Generator": GENERATOR,
-}
-
-
-def _kind(t: torch._C.JitType) -> int:
-    return _KINDS.get(str(t), OTHER)
 
 
 @dataclass(frozen=True)

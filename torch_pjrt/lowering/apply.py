@@ -15,8 +15,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from ..storage import dtypes
 
-# opspec argument kinds (kept here as plain ints to avoid an import cycle)
-TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, GENERATOR, OTHER = range(7)
+from .kinds import GENERATOR, OPT_TENSOR, SCALAR, TENSOR, TENSOR_LIST
 
 _KINDS = {
     "default": ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,

@@ -1,0 +1,114 @@
+"""Fused eager: ops are recorded, flushed where a value is needed, cached by structure."""
+
+import gc
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+
+
+@pytest.fixture(autouse=True)
+def _fused():
+    with torch_pjrt.set_eager_mode("fused"):
+        yield
+    torch_pjrt.counters.reset()
+
+
+def test_ops_are_recorded_until_a_value_is_read():
+    x = torch.randn(64, 64)
+    d = x.to("pjrt")
+    torch.pjrt.synchronize()
+    torch_pjrt.counters.reset()
+    y = ((d @ d).relu() + 1).sum(0)
+    assert torch_pjrt.metrics().get("flushes", 0) == 0
+    assert torch_pjrt.eager.graph.pending_ops() >= 4
+    torch.testing.assert_close(y.cpu(), ((x @ x).relu() + 1).sum(0), atol=1e-4, rtol=1e-5)
+    m = torch_pjrt.metrics()
+    assert m["flushes"] == 1 and m["flushes.data read"] == 1
+    # the temporaries (d @ d, relu, + 1) died inside the graph: only y is materialized
+    assert m["graph_outputs"] == 1 and m["graph_ops"] == 4
+
+
+@pytest.mark.parametrize("read", [
+    lambda t: t.item(), lambda t: t.tolist(), lambda t: bool(t > 0), lambda t: str(t),
+    lambda t: t.cpu(),
+])
+def test_every_data_read_flushes(read):
+    t = torch.randn(()).to("pjrt") * 3
+    read(t)
+    assert torch_pjrt.eager.graph.pending_ops() == 0
+
+
+def test_data_dependent_shapes_inside_a_graph():
+    x = torch.randn(50)
+    d = x.to("pjrt")
+    y = d * 2
+    got = y[y > 0] + 1
+    torch.testing.assert_close(got.cpu(), (x * 2)[x * 2 > 0] + 1)
+    assert (d > 0).nonzero().shape == (x > 0).nonzero().shape
+
+
+def test_shape_error_raises_at_the_op_and_the_graph_survives():
+    a = torch.randn(3, 4).to("pjrt")
+    b = a * 2
+    with pytest.raises(RuntimeError):
+        b @ b  # (3,4) @ (3,4): known without running anything
+    c = b + 1
+    torch.testing.assert_close(c.cpu(), a.cpu() * 2 + 1)
+
+
+def test_identical_steps_reuse_one_program_and_donate():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 1)).to("pjrt")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 16).to("pjrt"), torch.randn(8, 1).to("pjrt")
+
+    def step():
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for _ in range(3):
+        step()
+    gc.collect()
+    base_mem = torch.pjrt.memory_allocated()
+    torch_pjrt.counters.reset()
+    for _ in range(5):
+        step()
+    m = torch_pjrt.metrics()
+    assert m.get("compiles", 0) == 0, m
+    assert m["graph_cache_hits"] == m["flushes"] >= 5
+    gc.collect()
+    assert torch.pjrt.memory_allocated() == base_mem
+    assert m["graph_outputs"] < m["graph_ops"]
+
+
+def test_same_results_as_strict():
+    torch.manual_seed(1)
+    x = torch.randn(6, 6)
+    outs = {}
+    for mode in ("strict", "fused"):
+        with torch_pjrt.set_eager_mode(mode):
+            d = x.to("pjrt")
+            v = d[1:4, ::2]
+            v.mul_(3).add_(d[:3, :3])
+            d.t()[0].zero_()
+            outs[mode] = (d.cpu(), (d.softmax(0) @ d).cpu())
+    torch.testing.assert_close(outs["fused"], outs["strict"])
+
+
+def test_pending_graph_at_interpreter_exit():
+    code = ("import torch, torch_pjrt\n"
+            "torch_pjrt.set_eager_mode('fused')\n"
+            "x = torch.randn(100, 100, device='pjrt')\n"
+            "y = (x @ x).relu().sum()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "Error" not in out.stderr, out.stderr
