@@ -143,3 +143,21 @@ def test_default_backend_picks_pjrt_for_pjrt_tensors():
         out = torch.compile(dev)(x.to("pjrt"))  # no backend given
         torch.testing.assert_close(out.cpu(), model(x), atol=1e-5, rtol=1e-5)
     assert torch_pjrt.metrics().get("compiled_graphs", 0) >= 1
+
+
+def test_dynamic_shapes_one_graph_specialized_per_shape():
+    def f(x):
+        return (x * 2).sum(0).softmax(-1) + torch.arange(x.shape[1], device=x.device)
+
+    fn = torch.compile(f, backend="pjrt", dynamic=True)
+    for shape in [(4, 3), (5, 7), (6, 2), (5, 7)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(fn(x.to("pjrt")).cpu(), f(x), atol=1e-6, rtol=1e-5)
+    assert torch_pjrt.metrics()["compiled_graphs"] == 1  # one Dynamo/AOT graph
+
+
+def test_recompile_warning_names_the_input_that_changed():
+    fn = torch.compile(lambda x: (x * 2).sum(), backend="pjrt", dynamic=True)
+    with pytest.warns(UserWarning, match=r"compiled for 9 different inputs.*input 0"):
+        for n in range(1, 12):
+            fn(torch.randn(n, device="pjrt"))

@@ -20,7 +20,7 @@ import jax
 import torch
 import torch.fx
 
-from ..eager import opspec
+from ..eager import opspec, recompiles
 from ..lowering import apply, registry
 from ..storage import dtypes
 
@@ -39,16 +39,62 @@ def _metas(value) -> list:
     return [value]
 
 
-def _struct(m):
+def _struct(m, bindings: dict):
     if not isinstance(m, torch.Tensor):
         return None
-    return jax.ShapeDtypeStruct(tuple(m.shape), dtypes.to_jax(m.dtype))
+    return jax.ShapeDtypeStruct(concrete(m.shape, bindings), dtypes.to_jax(m.dtype))
+
+
+# ------------------------------------------------------------ symbolic sizes
+# With dynamic=True or mark_dynamic, sizes in the graph are symbols (s0, s1, ...).
+# Each call binds them to the sizes of the actual inputs; the program is then
+# specialized to those sizes (and cached per shape like any other program).
+def bind(placeholder_metas: list, inputs) -> dict:
+    """{sympy symbol: int} from the inputs' actual sizes and integer values."""
+    out = {}
+
+    def add(sym, value):
+        if isinstance(sym, torch.SymInt) and sym.node.expr.is_Symbol:
+            out[sym.node.expr] = int(value)
+
+    for meta, value in zip(placeholder_metas, inputs):
+        if isinstance(meta, torch.Tensor):
+            for s, n in zip(meta.shape, value.shape):
+                add(s, n)
+            for s, n in zip(meta.stride(), _strides(value)):
+                add(s, n)
+        else:
+            add(meta, value)
+    return out
+
+
+def _strides(value) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return value.stride()
+    return ()  # a JAX array inside the program: dense, strides are not symbols
+
+
+def concrete(sizes, bindings: dict) -> tuple[int, ...]:
+    return tuple(int(s) if not isinstance(s, torch.SymInt) else
+                 int(s.node.expr.xreplace(bindings)) for s in sizes)
+
+
+def _is_symbolic(m) -> bool:
+    if isinstance(m, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*m.shape, *m.stride()))
+    return isinstance(m, torch.SymInt)
+
+
+# Python operators on sizes that appear in symbolic graphs, evaluated on ints.
+_SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+             operator.truediv, operator.neg, operator.eq, operator.ne, operator.lt,
+             operator.le, operator.gt, operator.ge, operator.pow}
 
 
 class _NodePlan:
     """What the interpreter needs for one call_function node, fixed at compile time."""
 
-    __slots__ = ("node", "spec", "compute", "structs", "out_metas", "index")
+    __slots__ = ("node", "spec", "compute", "structs", "out_metas", "index", "symbolic")
 
     def __init__(self, node: torch.fx.Node, index: int):
         self.node = node
@@ -61,7 +107,8 @@ class _NodePlan:
         first = next((m for m in self.out_metas if isinstance(m, torch.Tensor)), None)
         self.compute = apply.promotion(self.spec, arg_metas, first.dtype if first is not None
                                        else None)
-        self.structs = [_struct(m) for m in self.out_metas]
+        self.symbolic = any(_is_symbolic(m) for m in self.out_metas)
+        self.structs = None if self.symbolic else [_struct(m, {}) for m in self.out_metas]
 
 
 def _args_meta(node: torch.fx.Node) -> tuple[tuple, dict]:
@@ -80,34 +127,49 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
     """A JAX function of the graph's inputs computing (mutated inputs..., outputs...)."""
     plans: dict[torch.fx.Node, _NodePlan] = {}
     for i, node in enumerate(gm.graph.nodes):
-        if node.op == "call_function" and node.target is not operator.getitem:
+        if node.op == "call_function" and node.target is not operator.getitem \
+                and node.target not in _SIZE_OPS and node.target not in _SIZE_QUERIES:
             plans[node] = _NodePlan(node, i)
     random = any(p.spec.lowering.random for p in plans.values())
+    placeholder_metas = [p.meta.get("val") for p in placeholders]
 
     def run(*inputs, key=None):
         env: dict[torch.fx.Node, Any] = dict(zip(placeholders, inputs))
+        bindings = bind(placeholder_metas, inputs)
 
         def value(a):
             if isinstance(a, torch.fx.Node):
                 return env[a]
             if isinstance(a, (list, tuple)):
                 return [value(x) for x in a]
+            if isinstance(a, torch.SymInt):
+                return concrete((a,), bindings)[0]
             return a
 
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
-            if node.target is operator.getitem:
+            target = node.target
+            if target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
+                continue
+            if target in _SIZE_OPS:
+                env[node] = target(*(value(a) for a in node.args))
+                continue
+            if target in _SIZE_QUERIES:
+                env[node] = _SIZE_QUERIES[target](*(value(a) for a in node.args))
                 continue
             plan = plans[node]
             args = tuple(value(a) for a in node.args)
             kwargs = {k: value(v) for k, v in node.kwargs.items()}
             values = opspec.normalize(plan.spec, args, kwargs)
+            structs = plan.structs
+            if structs is None:
+                structs = [_struct(m, bindings) for m in plan.out_metas]
             rng = jax.random.fold_in(key, plan.index) if plan.spec.lowering.random else None
-            results = apply.invoke(plan.spec, values, plan.compute, plan.structs, rng)
+            results = apply.invoke(plan.spec, values, plan.compute, structs, rng)
             results = [r if s is None or r is None else apply.broadcast_cast(r, s.shape, s.dtype)
-                       for r, s in zip(results, plan.structs)]
+                       for r, s in zip(results, structs)]
             multi = isinstance(node.meta.get("val"), (list, tuple))
             env[node] = results if multi else results[0]
         new_inputs = [env[mutations[i]] for i in sorted(mutations)]
@@ -116,8 +178,22 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
     return run, random
 
 
+def _signature(args) -> tuple:
+    return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+_SIZE_QUERIES = {
+    torch.ops.aten.sym_size.int: lambda x, d: x.shape[d],
+    torch.ops.aten.sym_numel.default: lambda x: x.size,
+    torch.ops.aten.sym_stride.int: lambda x, d: int(__import__("math").prod(x.shape[d + 1:])),
+}
+
+
 def _schema_type(example) -> str:
-    return "Tensor" if isinstance(example, torch.Tensor) else "Scalar"
+    if isinstance(example, torch.Tensor):
+        return "Tensor"
+    # Integers (symbolic sizes) are static: the program is specialized to their values.
+    return "SymInt" if isinstance(example, (int, torch.SymInt)) else "Scalar"
 
 
 class CompiledGraph:
@@ -156,11 +232,13 @@ class CompiledGraph:
             for i, ex in enumerate(example_inputs))
         _lib.define(f"{name}({args}) -> Tensor[]")
         out_metas = [r.meta["val"] for r in computed]
+        placeholder_metas = [p.meta.get("val") for p in placeholders]
 
         def fake(*inputs):
             device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), "meta")
-            return [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=device)
-                    for m in out_metas]
+            b = bind(placeholder_metas, inputs)
+            return [torch.empty_strided(concrete(m.shape, b), concrete(m.stride(), b),
+                                        dtype=m.dtype, device=device) for m in out_metas]
 
         torch.library.register_fake(f"pjrt_graphs::{name}", fake, lib=_lib)
         self.op = getattr(torch.ops.pjrt_graphs, name).default
@@ -169,11 +247,14 @@ class CompiledGraph:
 
         _impl.impl(name, dispatch.executor_kernel(self.op))
         self.n_inputs = len(placeholders)
+        self.symbolic = any(_is_symbolic(m) for m in placeholder_metas)
         self._boxed_call = True  # AOTAutograd: __call__ takes the boxed list (kept by wraps)
 
     def __call__(self, args: list):
         """AOTAutograd's boxed calling convention: one list of inputs, which we clear."""
         args = list(args)
+        if self.symbolic:
+            recompiles.note(self.op, _signature(args), f"compiled graph {self.op}")
         outs = iter(self.op(*args))
         result = [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input" else None
                   for s in self.sources]

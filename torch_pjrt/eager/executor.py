@@ -57,7 +57,8 @@ class Entry:
     """A compiled op for one input signature."""
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
-                 "targets", "written", "donate", "resize", "checks", "name", "digest", "device")
+                 "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
+                 "signature")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -68,6 +69,7 @@ class Entry:
         self.name = ""
         self.digest = ""  # stable across processes: names the program in the disk cache
         self.device = 0
+        self.signature = ""  # the op and its input shapes, for recompile messages
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
@@ -439,6 +441,7 @@ def _compile(call: _Call, key: tuple) -> Entry:
         entry.result_avals.append(((numel * old.itemsize // new.itemsize,), new))
     entry.n_results = len(entry.result_avals)
     entry.name = str(spec.op)
+    entry.signature = _signature_text(spec, key)
     return entry
 
 
@@ -482,6 +485,14 @@ def _fresh_outputs(spec: OpSpec, meta_out) -> list[torch.Tensor]:
         if r.alias_info is None:
             fresh.extend(_flat_tensors(m) if m is not None else [None])
     return fresh
+
+
+def _signature_text(spec: OpSpec, key: tuple) -> str:
+    """'aten.add.Tensor(float32[8, 3], float32[3])': what a recompile message shows."""
+    args = []
+    for p in _tensor_parts(spec, key):
+        args.append(f"{str(p[1]).removeprefix('torch.')}{list(p[2])}")
+    return f"{spec.op}({', '.join(args)})"
 
 
 def _tensor_parts(spec: OpSpec, key: tuple):

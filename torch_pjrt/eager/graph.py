@@ -23,6 +23,7 @@ from .. import _env, counters
 from ..lowering import checks
 from ..runtime import client, compile_cache
 from ..storage import table
+from . import recompiles
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -189,6 +190,10 @@ def flush(reason: str = "sync") -> None:
     miss = plan is None
     if miss:
         counters.count("graph_cache_misses")
+        # The same sequence of ops with different inputs: a recompile worth telling.
+        names = [e.name for e, _, _ in wiring]
+        label = f"a fused graph of {len(names)} ops ({', '.join(names[:3])}, ...)"
+        recompiles.note(tuple(names), tuple(e.signature for e, _, _ in wiring), label, "op")
         plan = _plans[key] = _build(wiring, outputs, len(inputs), donated, device, key[-1])
     else:
         counters.count("graph_cache_hits")

@@ -22,6 +22,7 @@ from ..lowering.kinds import (  # noqa: F401 - re-exported for the executor
     TENSOR_LIST,
 )
 from ..lowering.kinds import of as _kind
+
 _NO_DEFAULT = object()
 
 

@@ -1,0 +1,43 @@
+"""A warning (once per program) when the same code keeps compiling for new inputs.
+
+Programs are specialized to their input shapes (and static arguments); a loop
+whose shapes change every iteration compiles every iteration. After LIMIT
+distinct signatures of one program this says which input changed, and how.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from .. import counters
+
+LIMIT = 8
+
+_seen: dict = {}  # code -> {signature: None} (insertion ordered)
+_warned: set = set()
+
+
+def describe(old: tuple, new: tuple, unit: str = "input") -> str:
+    """Which positions of two signatures differ, as '<unit> i: a -> b'."""
+    diffs = [f"{unit} {i}: {a} -> {b}" for i, (a, b) in enumerate(zip(old, new)) if a != b]
+    if len(old) != len(new):
+        diffs.append(f"{len(old)} -> {len(new)} {unit}s")
+    return "; ".join(diffs[:3]) or "static arguments"
+
+
+def note(code, signature: tuple, name: str, unit: str = "input") -> None:
+    """Record that the program for `code` (anything hashable naming it) runs with
+    `signature`; warn once past LIMIT of them, calling it `name`."""
+    seen = _seen.setdefault(code, {})
+    if signature in seen:
+        return
+    previous = next(reversed(seen)) if seen else None
+    seen[signature] = None
+    if len(seen) > 1:
+        counters.count("recompiles")
+    if len(seen) > LIMIT and code not in _warned:
+        _warned.add(code)
+        warnings.warn(
+            f"pjrt: {name} has been compiled for {len(seen)} different inputs; the last "
+            f"change was {describe(previous, signature, unit)}. Each new shape compiles a new "
+            "program: pad inputs to a few fixed sizes to avoid recompiling.", stacklevel=3)
