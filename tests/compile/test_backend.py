@@ -15,6 +15,7 @@ from torch_pjrt.demo.model import GPT, GPTConfig
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
+    torch_pjrt.counters.reset()
     yield
     torch._dynamo.reset()
 

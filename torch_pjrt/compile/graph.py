@@ -228,7 +228,7 @@ class CompiledGraph:
 
         name = f"graph_{next(_counter)}"
         args = ", ".join(
-            f"{_schema_type(ex)}{'(a%d!)' % i if i in mutations else ''} x{i}"
+            f"{_schema_type(ex)}{f'(a{i}!)' if i in mutations else ''} x{i}"
             for i, ex in enumerate(example_inputs))
         _lib.define(f"{name}({args}) -> Tensor[]")
         out_metas = [r.meta["val"] for r in computed]

@@ -8,9 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from ..lowering import registry
-
-OpOverload = torch._ops.OpOverload
-
 from ..lowering.kinds import (  # noqa: F401 - re-exported for the executor
     GENERATOR,
     OPT_TENSOR,
@@ -22,6 +19,9 @@ from ..lowering.kinds import (  # noqa: F401 - re-exported for the executor
     TENSOR_LIST,
 )
 from ..lowering.kinds import of as _kind
+
+OpOverload = torch._ops.OpOverload
+
 
 _NO_DEFAULT = object()
 
