@@ -4,10 +4,11 @@ from .runtime import DEVICE_TYPE, ensure_initialized, register
 
 register()
 
+from . import kernels  # noqa: E402
 from .counters import metrics  # noqa: E402
 from .eager.modes import get as get_eager_mode  # noqa: E402
 from .eager.modes import set_eager_mode  # noqa: E402
 
-__all__ = ["DEVICE_TYPE", "ensure_initialized", "get_eager_mode", "metrics", "register",
-           "set_eager_mode"]
+__all__ = ["DEVICE_TYPE", "ensure_initialized", "get_eager_mode", "kernels", "metrics",
+           "register", "set_eager_mode"]
 __version__ = "0.1.0"

@@ -93,7 +93,9 @@ def ensure_initialized() -> None:
         fallback_lib = torch.library.Library("_", "IMPL", "PrivateUse1")
         dispatch.install(lib, fallback_lib)
         _libs[:] = [lib, fallback_lib]
+        from .. import kernels
         from ..compile import backend
 
         backend.register()
+        kernels.install_pending()
         _initialized = True
