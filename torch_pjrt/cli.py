@@ -23,7 +23,7 @@ def add_ops_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=120.0,
                    help="seconds per op and direction before it counts as failed (0: none)")
     p.add_argument("--max-samples", type=int, default=None,
-                   help="at most this many sample inputs per op (default: all)")
+                   help="at most this many sample inputs per op, evenly spaced (default: all)")
     p.add_argument("--resume", action="store_true",
                    help="keep the results already in the JSON and run only the missing ops")
 

@@ -112,3 +112,17 @@ def test_pending_graph_at_interpreter_exit():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "Error" not in out.stderr, out.stderr
+
+
+def test_memory_pressure_flushes(monkeypatch):
+    from torch_pjrt.runtime import memory
+
+    m = memory.device(0)
+    monkeypatch.setattr(m, "limit", m.allocated + 3_000_000)
+    x = torch.zeros(250_000, device="pjrt")  # 1 MB
+    kept = [x + 1]  # pending, and holding x's buffer
+    with pytest.raises(torch.OutOfMemoryError):
+        for i in range(4):  # the third MB passes 90% of the limit: the graph runs first
+            kept.append(x + i)
+    assert torch_pjrt.metrics().get("flushes.memory pressure", 0) >= 1
+    assert kept[1][0].item() == 0

@@ -62,7 +62,10 @@ max_ops = 10000  # graph size cap (TORCH_PJRT_FUSED_MAX_OPS), set by configure()
 
 def configure() -> None:
     global max_ops
+    from ..runtime import memory
+
     max_ops = int(_env.get("TORCH_PJRT_FUSED_MAX_OPS") or 10000)
+    memory.on_pressure = _relieve_memory
 
 
 def record(entry, recs: list, dyn: list, device: int) -> list[Lazy]:
@@ -84,6 +87,18 @@ def record(entry, recs: list, dyn: list, device: int) -> list[Lazy]:
 
 def over_cap() -> bool:
     return len(_nodes) >= max_ops
+
+
+def _relieve_memory() -> bool:
+    """Memory is short: run the pending graph (its inputs may be the only holders of
+    buffers no live tensor needs). True if there was anything to run."""
+    if not _nodes:
+        return False
+    flush("memory pressure")
+    import gc
+
+    gc.collect()
+    return True
 
 
 # ------------------------------------------------------------------ flushing

@@ -47,10 +47,18 @@ def device(index: int) -> DeviceMemory:
     return m
 
 
+# Called when an allocation would pass PRESSURE of the limit: the fused graph then
+# runs, so buffers its dead temporaries hold are freed (set by eager.graph).
+on_pressure = None
+PRESSURE = 0.9
+
+
 def reserve(index: int, nbytes: int) -> None:
     """Account for a new storage, raising torch.OutOfMemoryError past the limit."""
     m = _devices.get(index) or device(index)
     total = m.allocated + nbytes
+    if total > m.limit * PRESSURE and on_pressure is not None and on_pressure():
+        total = m.allocated + nbytes
     if total > m.limit:
         m.ooms += 1
         raise torch.OutOfMemoryError(
