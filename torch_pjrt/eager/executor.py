@@ -253,7 +253,10 @@ def _launch(call: _Call, entry: Entry):
     new_tensor = table.new_tensor
     if entry.single:
         shape, stride, dtype, jdtype, nbytes = entry.outs[0]
-        return new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
+        out = new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
+        if modes.fused and graph.flush_reason() is not None:
+            graph.flush(graph.flush_reason())
+        return out
     fresh = []
     i = 0
     for out in entry.outs:
@@ -265,8 +268,10 @@ def _launch(call: _Call, entry: Entry):
     for buf in entry.written:
         recs[buf].set(results[i])
         i += 1
-    if modes.fused and graph.over_cap():
-        graph.flush("size cap")
+    if modes.fused:
+        reason = graph.flush_reason()
+        if reason is not None:
+            graph.flush(reason)
     return _returns(spec, call.values, fresh)
 
 

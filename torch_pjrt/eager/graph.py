@@ -65,7 +65,7 @@ def configure() -> None:
     from ..runtime import memory
 
     max_ops = int(_env.get("TORCH_PJRT_FUSED_MAX_OPS") or 10000)
-    memory.on_pressure = _relieve_memory
+    memory.on_pressure = _note_pressure
 
 
 def record(entry, recs: list, dyn: list, device: int) -> list[Lazy]:
@@ -85,20 +85,23 @@ def record(entry, recs: list, dyn: list, device: int) -> list[Lazy]:
     return [Lazy(node, i, shape, dtype) for i, (shape, dtype) in enumerate(entry.result_avals)]
 
 
-def over_cap() -> bool:
-    return len(_nodes) >= max_ops
+_pressure = False  # an allocation passed memory.PRESSURE of the limit while recording
 
 
-def _relieve_memory() -> bool:
-    """Memory is short: run the pending graph (its inputs may be the only holders of
-    buffers no live tensor needs). True if there was anything to run."""
-    if not _nodes:
-        return False
-    flush("memory pressure")
-    import gc
+def _note_pressure() -> bool:
+    """memory.on_pressure: remember it; the graph runs once the current op is recorded."""
+    global _pressure
+    _pressure = bool(_nodes)
+    return False
 
-    gc.collect()
-    return True
+
+def flush_reason() -> str | None:
+    """Why the pending graph should run now (checked after each recorded op), if it should."""
+    if len(_nodes) >= max_ops:
+        return "size cap"
+    if _pressure:
+        return "memory pressure"
+    return None
 
 
 # ------------------------------------------------------------------ flushing
@@ -135,7 +138,8 @@ _plans: dict[tuple, _Plan] = {}
 
 def flush(reason: str = "sync") -> None:
     """Compile (or reuse) and run the pending graph; pending storages get their buffers."""
-    global pending, _device
+    global pending, _device, _pressure
+    _pressure = False
     if not _nodes:
         pending = False
         return

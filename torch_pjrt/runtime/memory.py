@@ -47,8 +47,8 @@ def device(index: int) -> DeviceMemory:
     return m
 
 
-# Called when an allocation would pass PRESSURE of the limit: the fused graph then
-# runs, so buffers its dead temporaries hold are freed (set by eager.graph).
+# Called when an allocation passes PRESSURE of the limit, so that a pending fused
+# graph runs and frees the buffers only its dead temporaries hold (set by eager.graph).
 on_pressure = None
 PRESSURE = 0.9
 
