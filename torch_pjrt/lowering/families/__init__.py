@@ -1,6 +1,8 @@
 """Lowering families, one module per family of ATen ops."""
 
 from . import (  # noqa: F401
+    attention,
+    conv,
     copying,
     dynamic,
     elementwise,
@@ -8,7 +10,12 @@ from . import (  # noqa: F401
     foreach,
     indexing,
     linalg,
+    losses,
     nn,
+    normalization,
+    pooling,
     reductions,
     shape,
+    upsample,
+    views,
 )

@@ -1,0 +1,310 @@
+"""Scaled dot-product attention: the fused (overrideable) op and its backward, _safe_softmax.
+
+The attention core works on (batch, kv_heads, group, length, dim) arrays, so
+grouped-query attention (fewer key/value heads) needs no repeated keys. Two
+strategies, chosen by the size of the score matrix:
+
+- dense: the scores, softmax and both products as single XLA ops (fastest
+  while the scores fit comfortably in memory);
+- chunked: keys and values in blocks under `lax.scan` with an online softmax
+  (running max and sum), so memory grows with the block, not the key length;
+  the backward recomputes each block's probabilities from the logsumexp.
+
+Dropout masks come from the op's PRNG key; the forward returns the key's data
+as philox_seed/philox_offset, so the backward regenerates the same masks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ...storage import dtypes
+from ..registry import lower
+from ._ops import aten
+from .linalg import precision
+
+# Score matrices with more elements than this are computed block by block.
+DENSE_SCORES_LIMIT = 1 << 26
+KEY_BLOCK = 512
+
+
+def _acc(dtype):
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def _einsum(spec, a, b):
+    return jnp.einsum(spec, a, b, precision=precision(),
+                      preferred_element_type=_acc(jnp.result_type(a, b)))
+
+
+# -------------------------------------------------------------- shapes
+class _Layout:
+    """How (..., Hq, L, E) inputs map to the core's (B, Hk, G, L, E) and back."""
+
+    def __init__(self, q, k):
+        self.batch = q.shape[:-3] if q.ndim >= 3 else ()
+        self.hq = q.shape[-3] if q.ndim >= 3 else 1
+        self.hk = k.shape[-3] if k.ndim >= 3 else 1
+        self.b = math.prod(self.batch)
+        self.g = self.hq // self.hk
+        self.lq, self.s = q.shape[-2], k.shape[-2]
+
+    def query(self, q):
+        return q.reshape(self.b, self.hk, self.g, self.lq, q.shape[-1])
+
+    def kv(self, t):
+        return t.reshape(self.b, self.hk, 1, self.s, t.shape[-1])
+
+    def bias(self, bias):
+        """The bias as (B|1, Hk|1, G|1, L|1, S|1), without broadcasting more than needed."""
+        full = self.batch + (self.hq, self.lq, self.s)
+        bias = bias.reshape((1,) * (len(full) - bias.ndim) + bias.shape)
+        lead = bias.shape[:len(self.batch)]
+        if any(d != 1 for d in lead):
+            bias = jnp.broadcast_to(bias, self.batch + bias.shape[len(self.batch):])
+            b = self.b
+        else:
+            b = 1
+        h, lq, s = bias.shape[-3:]
+        heads = (self.hk, self.g) if h != 1 else (1, 1)
+        return bias.reshape((b,) + heads + (lq, s))
+
+    def bias_back(self, grad, bias_shape):
+        """Sum a (B, Hk, G, L, S) gradient down to the bias's own shape."""
+        full = self.batch + (self.hq, self.lq, self.s)
+        grad = grad.reshape(full)
+        padded = (1,) * (len(full) - len(bias_shape)) + tuple(bias_shape)
+        axes = tuple(i for i, (n, m) in enumerate(zip(full, padded)) if m == 1 and n != 1)
+        grad = jnp.sum(grad, axis=axes, keepdims=True)
+        return grad.reshape(bias_shape)
+
+
+def _masked_scores(s, bias, causal, q_offset, k_offset, s_valid):
+    """Scores with the bias added and the causal / padding masks applied (-inf)."""
+    if bias is not None:
+        if bias.dtype == jnp.bool_:
+            s = jnp.where(bias, s, -jnp.inf)
+        else:
+            s = s + bias.astype(s.dtype)
+    lq, blk = s.shape[-2:]
+    if causal or s_valid is not None:
+        row = lax.broadcasted_iota(jnp.int32, (lq, blk), 0) + q_offset
+        col = lax.broadcasted_iota(jnp.int32, (lq, blk), 1) + k_offset
+        keep = jnp.ones((lq, blk), jnp.bool_)
+        if causal:  # PyTorch's causal mask is tril(ones(L, S)): aligned top-left
+            keep = keep & (col <= row)
+        if s_valid is not None:
+            keep = keep & (col < s_valid)
+        s = jnp.where(keep, s, -jnp.inf)
+    return s
+
+
+def _dropout_keep(key, p, shape):
+    return jax.random.bernoulli(key, 1.0 - p, shape)
+
+
+# -------------------------------------------------------------- dense
+def _dense_forward(q, k, v, bias, causal, scale, p, key):
+    s = _einsum("bhgle,bhkse->bhgls", q, k) * scale
+    s = _masked_scores(s, bias, causal, 0, 0, None)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    e = jnp.exp(s - m)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    # Rows with every key masked give zeros (and lse -inf), as _safe_softmax does.
+    probs = e / jnp.where(total > 0, total, 1)
+    lse = jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1)), -jnp.inf)[..., 0]
+    if p > 0:
+        probs = jnp.where(_dropout_keep(key, p, probs.shape), probs / (1 - p), 0)
+    out = _einsum("bhgls,bhkse->bhgle", probs.astype(v.dtype), v)
+    return out, lse
+
+
+def _dense_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_bias):
+    s = _einsum("bhgle,bhkse->bhgls", q, k) * scale
+    s = _masked_scores(s, bias, causal, 0, 0, None)
+    finite = jnp.isfinite(lse)[..., None]
+    probs = jnp.where(finite, jnp.exp(s - jnp.where(finite, lse[..., None], 0)), 0)
+    dp = _einsum("bhgle,bhkse->bhgls", grad, v)
+    dropped = probs
+    if p > 0:
+        keep = _dropout_keep(key, p, probs.shape)
+        dropped = jnp.where(keep, probs / (1 - p), 0)
+        dp = jnp.where(keep, dp / (1 - p), 0)
+    delta = jnp.sum(grad.astype(dp.dtype) * out.astype(dp.dtype), axis=-1, keepdims=True)
+    ds = probs * (dp - delta)
+    dq = _einsum("bhgls,bhkse->bhgle", ds, k) * scale
+    dk = _einsum("bhgls,bhgle->bhse", ds, q)[:, :, None] * scale
+    dv = _einsum("bhgls,bhgle->bhse", dropped, grad)[:, :, None]
+    return dq, dk, dv, (ds if want_bias else None)
+
+
+# -------------------------------------------------------------- chunked
+def _blocks(t, axis, blk, n_blocks):
+    """Split `axis` of `t` (zero-padded) into n_blocks blocks: the leading scan axis."""
+    if t.shape[axis] == 1:  # broadcast along this axis: every block sees the same
+        return None
+    pad = n_blocks * blk - t.shape[axis]
+    if pad:
+        config = [(0, 0)] * t.ndim
+        config[axis] = (0, pad)
+        t = jnp.pad(t, config)
+    t = t.reshape(t.shape[:axis] + (n_blocks, blk) + t.shape[axis + 1:])
+    return jnp.moveaxis(t, axis, 0)
+
+
+def _chunked_forward(q, k, v, bias, causal, scale, p, key):
+    s_len = k.shape[-2]
+    blk = min(KEY_BLOCK, s_len)
+    n_blocks = -(-s_len // blk)
+    s_valid = s_len if n_blocks * blk != s_len else None
+    ks, vs = _blocks(k, 3, blk, n_blocks), _blocks(v, 3, blk, n_blocks)
+    bias_blocks = None if bias is None else _blocks(bias, 4, blk, n_blocks)
+    acc_t = _acc(q.dtype)
+    shape = q.shape[:-1]
+
+    def step(carry, xs):
+        m, total, acc = carry
+        i, kb, vb = xs[:3]
+        bb = bias if bias is not None and bias_blocks is None else (
+            xs[3] if bias is not None else None)
+        s = _einsum("bhgle,bhkse->bhgls", q, kb) * scale
+        s = _masked_scores(s, bb, causal, 0, i * blk, s_valid)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
+        e = jnp.exp(s - m_safe[..., None])
+        rescale = jnp.exp(jnp.where(jnp.isfinite(m), m, 0) - m_safe)
+        rescale = jnp.where(jnp.isfinite(m), rescale, 0)
+        total = total * rescale + jnp.sum(e, axis=-1)
+        if p > 0:
+            keep = _dropout_keep(jax.random.fold_in(key, i), p, e.shape)
+            e = jnp.where(keep, e / (1 - p), 0)
+        acc = acc * rescale[..., None] + _einsum("bhgls,bhkse->bhgle", e.astype(vb.dtype), vb)
+        return (m_new, total, acc), None
+
+    init = (jnp.full(shape, -jnp.inf, acc_t), jnp.zeros(shape, acc_t),
+            jnp.zeros(shape + (v.shape[-1],), acc_t))
+    xs = (jnp.arange(n_blocks), ks, vs) + ((bias_blocks,) if bias_blocks is not None else ())
+    (m, total, acc), _ = lax.scan(step, init, xs)
+    nonempty = total > 0
+    out = acc / jnp.where(nonempty, total, 1)[..., None]
+    m_safe = jnp.where(jnp.isfinite(m), m, 0)
+    lse = jnp.where(nonempty, m_safe + jnp.log(jnp.where(nonempty, total, 1)), -jnp.inf)
+    return out, lse
+
+
+def _chunked_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_bias):
+    s_len = k.shape[-2]
+    blk = min(KEY_BLOCK, s_len)
+    n_blocks = -(-s_len // blk)
+    s_valid = s_len if n_blocks * blk != s_len else None
+    ks, vs = _blocks(k, 3, blk, n_blocks), _blocks(v, 3, blk, n_blocks)
+    bias_blocks = None if bias is None else _blocks(bias, 4, blk, n_blocks)
+    finite = jnp.isfinite(lse)[..., None]
+    lse_safe = jnp.where(finite, lse[..., None], 0)
+    acc_t = _acc(q.dtype)
+    delta = jnp.sum(grad.astype(acc_t) * out.astype(acc_t), axis=-1, keepdims=True)
+
+    def step(dq, xs):
+        i, kb, vb = xs[:3]
+        bb = bias if bias is not None and bias_blocks is None else (
+            xs[3] if bias is not None else None)
+        s = _einsum("bhgle,bhkse->bhgls", q, kb) * scale
+        s = _masked_scores(s, bb, causal, 0, i * blk, s_valid)
+        probs = jnp.where(finite, jnp.exp(s - lse_safe), 0)
+        dp = _einsum("bhgle,bhkse->bhgls", grad, vb)
+        dropped = probs
+        if p > 0:
+            keep = _dropout_keep(jax.random.fold_in(key, i), p, probs.shape)
+            dropped = jnp.where(keep, probs / (1 - p), 0)
+            dp = jnp.where(keep, dp / (1 - p), 0)
+        ds = probs * (dp - delta)
+        dq = dq + _einsum("bhgls,bhkse->bhgle", ds, kb) * scale
+        dk = _einsum("bhgls,bhgle->bhse", ds, q)[:, :, None] * scale
+        dv = _einsum("bhgls,bhgle->bhse", dropped, grad)[:, :, None]
+        return dq, (dk, dv, ds if want_bias else None)
+
+    xs = (jnp.arange(n_blocks), ks, vs) + ((bias_blocks,) if bias_blocks is not None else ())
+    dq, (dks, dvs, dss) = lax.scan(step, jnp.zeros(q.shape, acc_t), xs)
+
+    def unblock(t, axis):  # (n_blocks, ..., blk, ...) -> (..., S, ...)
+        t = jnp.moveaxis(t, 0, axis)
+        t = t.reshape(t.shape[:axis] + (n_blocks * blk,) + t.shape[axis + 2:])
+        return lax.slice_in_dim(t, 0, s_len, axis=axis)
+
+    ds = unblock(dss, 4) if want_bias else None
+    return dq, unblock(dks, 3), unblock(dvs, 3), ds
+
+
+def _dense(layout) -> bool:
+    return layout.b * layout.hq * layout.lq * layout.s <= DENSE_SCORES_LIMIT
+
+
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+# -------------------------------------------------------------- the ops
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
+def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
+                            return_debug_mask=False, *, scale=None, key):
+    layout = _Layout(q, k)
+    qc, kc, vc = layout.query(q), layout.kv(k), layout.kv(v)
+    bias = None if attn_bias is None else layout.bias(attn_bias)
+    run = _dense_forward if _dense(layout) else _chunked_forward
+    out, lse = run(qc, kc, vc, bias, is_causal, _scale(q, scale), dropout_p, key)
+    out = out.reshape(q.shape[:-1] + (v.shape[-1],)).astype(q.dtype)
+    lse = lse.reshape(layout.b if q.ndim == 4 else 1, layout.hq, layout.lq)
+    seed, offset = _key_to_philox(key)
+    return out, lse.astype(jnp.float32), None, None, seed, offset, None
+
+
+def _key_to_philox(key):
+    """The op's PRNG key as two int64 scalars (PyTorch's philox_seed / philox_offset slots)."""
+    data = jax.random.key_data(key).reshape(-1).astype(jnp.int64)
+    return data[0], data[1]
+
+
+def _philox_to_key(seed, offset):
+    data = jnp.stack([seed.reshape(()), offset.reshape(())]).astype(jnp.uint32)
+    return jax.random.wrap_key_data(data)
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+def sdpa_fused_overrideable_backward(grad, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
+                                     cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                                     philox_seed, philox_offset, *, scale=None):
+    layout = _Layout(q, k)
+    qc, kc, vc = layout.query(q), layout.kv(k), layout.kv(v)
+    bias = None if attn_bias is None else layout.bias(attn_bias)
+    want_bias = attn_bias is not None and grad_input_mask[3] \
+        and jnp.issubdtype(attn_bias.dtype, jnp.floating)
+    key = _philox_to_key(philox_seed, philox_offset) if dropout_p > 0 else None
+    lse = logsumexp.reshape(layout.b, layout.hk, layout.g, layout.lq)
+    run = _dense_backward if _dense(layout) else _chunked_backward
+    dq, dk, dv, ds = run(layout.query(grad), qc, kc, vc, bias, layout.query(out), lse,
+                         is_causal, _scale(q, scale), dropout_p, key, want_bias)
+    grads = [dq.reshape(q.shape).astype(q.dtype), dk.reshape(k.shape).astype(k.dtype),
+             dv.reshape(v.shape).astype(v.dtype),
+             layout.bias_back(ds, attn_bias.shape).astype(attn_bias.dtype) if want_bias else None]
+    return tuple(g if m else None for g, m in zip(grads, grad_input_mask))
+
+
+@lower(aten._safe_softmax.default)
+def safe_softmax(x, dim, dtype=None):
+    """softmax(x), with zeros for the rows where every element is -inf (fully masked)."""
+    if dtype is not None:
+        x = x.astype(dtypes.to_jax(dtype))
+    xf = x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
+    if x.ndim == 0:
+        return jnp.ones_like(xf)
+    m = jnp.max(xf, axis=dim, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    e = jnp.exp(xf - m)
+    total = jnp.sum(e, axis=dim, keepdims=True)
+    masked = jnp.all(xf == -jnp.inf, axis=dim, keepdims=True)
+    return jnp.where(masked, 0, e / total)
