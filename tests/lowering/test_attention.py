@@ -158,8 +158,6 @@ def test_fused_attention_dropout_backward_matches_its_forward(strategy):
     np.testing.assert_allclose(np.asarray(dq), np.asarray(expected), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="the executor cannot return the op's SymInt outputs "
-                   "(max_q, max_k): _returns runs out of fresh tensors")
 def test_fused_attention_op_on_device():
     q, k, v = _qkv()
     out = aten._scaled_dot_product_fused_attention_overrideable(*to_device((q, k, v)))[0]
@@ -198,3 +196,19 @@ def test_attention_block_forward_backward_matches_cpu():
         results.append([out, xd.grad] + [p.grad for p in m.parameters()])
     assert_same(results[1], results[0], atol=1e-5, rtol=1e-4)
     assert torch_pjrt.metrics()["cpu_fallbacks"] == before
+
+
+def test_eager_sdpa_takes_the_lowered_fused_kernel():
+    import torch_pjrt
+
+    q, k, v = _qkv()
+    torch_pjrt.counters.reset()
+    dq, dk, dv = (t.detach().to("pjrt").requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(dq, dk, dv, is_causal=True)
+    out.sum().backward()
+    ref_q = q.detach().requires_grad_()
+    ref = F.scaled_dot_product_attention(ref_q, k, v, is_causal=True)
+    ref.sum().backward()
+    assert_same(out.detach(), ref.detach(), atol=2e-5, rtol=2e-5)
+    assert_same(dq.grad, ref_q.grad, atol=2e-5, rtol=2e-5)
+    assert "softmax" not in " ".join(torch_pjrt.counters._counters)  # not the math path

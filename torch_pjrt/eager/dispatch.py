@@ -158,6 +158,18 @@ def _to_copy(self: torch.Tensor, **kwargs):
     return out.copy_(self)
 
 
+def _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """native_batch_norm updates the running stats without saying so in its schema; the
+    `_native_batch_norm_legit` overloads declare it, so the executor writes them back."""
+    if not training:
+        return aten._native_batch_norm_legit_no_training.default(
+            x, weight, bias, running_mean, running_var, momentum, eps)
+    if running_mean is None or running_var is None:
+        return aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)
+    return aten._native_batch_norm_legit.default(x, weight, bias, running_mean, running_var,
+                                                 training, momentum, eps)
+
+
 def _local_scalar_dense(self: torch.Tensor):
     return to_cpu(self).item()
 
@@ -188,6 +200,7 @@ SPECIAL_KERNELS = {
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.native_batch_norm.default: _native_batch_norm,
     aten.resize_.default: _resize_,
 }
 

@@ -58,7 +58,7 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature")
+                 "signature", "values")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -70,6 +70,7 @@ class Entry:
         self.digest = ""  # stable across processes: names the program in the disk cache
         self.device = 0
         self.signature = ""  # the op and its input shapes, for recompile messages
+        self.values: dict[int, Any] = {}  # non-tensor returns (from the meta kernel)
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
@@ -272,7 +273,7 @@ def _launch(call: _Call, entry: Entry):
         reason = graph.flush_reason()
         if reason is not None:
             graph.flush(reason)
-    return _returns(spec, call.values, fresh)
+    return _returns(spec, entry, call.values, fresh)
 
 
 def _factory_device(spec: OpSpec, values: list) -> int:
@@ -283,7 +284,7 @@ def _factory_device(spec: OpSpec, values: list) -> int:
     return _native.current_device()
 
 
-def _returns(spec: OpSpec, values: list, fresh: list):
+def _returns(spec: OpSpec, entry: Entry, values: list, fresh: list):
     plan = spec.returns_plan
     if not plan:
         return None
@@ -294,6 +295,8 @@ def _returns(spec: OpSpec, values: list, fresh: list):
             out.append(values[step[1]])
         elif step[0] == "list":
             out.append(list(fresh_iter))
+        elif step[0] == "value":
+            out.append(entry.values[step[1]])
         else:
             out.append(next(fresh_iter))
     return out[0] if len(out) == 1 else tuple(out)
@@ -408,6 +411,10 @@ def _compile(call: _Call, key: tuple) -> Entry:
 
     # Fresh outputs, laid out as the meta result says (PyTorch's strides).
     fresh_meta = _fresh_outputs(spec, meta_out)
+    if any(step[0] == "value" for step in spec.returns_plan):
+        outs = meta_out if isinstance(meta_out, tuple) else (meta_out,)
+        entry.values = {step[1]: outs[step[1]] for step in spec.returns_plan
+                        if step[0] == "value"}
     for m in fresh_meta:
         if m is None:  # an undefined tensor (e.g. a gradient output_mask turned off)
             entry.outs.append(None)
@@ -598,7 +605,11 @@ def _unhashable(v):
 
 
 def _layout(value, shape, stride, dtype):
-    value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+    """A result in PyTorch's output layout. None where the meta kernel says a tensor is
+    returned means an undefined gradient: zeros, as PyTorch materializes them."""
+    if value is None:
+        value = jnp.zeros(shape, dtype)
+    value = apply.broadcast_cast(value, shape, dtype)
     n = math.prod(shape)
     if table.storage_numel(shape, stride) == n:
         return views.to_flat(value, stride)

@@ -116,13 +116,15 @@ def spec(op: OpOverload) -> OpSpec:
 
 def _returns_plan(schema, mutated: tuple[int, ...]) -> tuple:
     plan, m = [], iter(mutated)
-    for r in schema.returns:
+    for i, r in enumerate(schema.returns):
         if r.alias_info is not None and r.alias_info.is_write:
             plan.append(("alias", next(m)))
         elif _kind(r.type) == TENSOR_LIST:
             plan.append(("list",))
-        else:
+        elif _kind(r.type) == TENSOR:
             plan.append(("fresh",))
+        else:  # an int or float the meta kernel computes (e.g. SDPA's max_q)
+            plan.append(("value", i))
     return tuple(plan)
 
 

@@ -3,7 +3,9 @@
 // Everything else in torch-pjrt is Python; this file only connects PyTorch's
 // C++ hook points to Python callbacks.
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/core/Generator.h>
 #include <c10/core/Allocator.h>
@@ -305,7 +307,24 @@ void register_metadata_ops(const std::vector<std::string>& names) {
   }
 }
 
+// ------------------------------------------------------------------ SDPA
+// PyTorch asks each backend which fused attention kernel to use; a PrivateUse1
+// backend can only answer from C++. The "overrideable" kernel is the lowered
+// one (dense or chunked online softmax); math stays available if it is turned off.
+int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
+  auto& ctx = at::globalContext();
+  bool batched = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;  // what the fused op takes
+  if (batched && ctx.userEnabledOverrideableSDP()) return int64_t(at::SDPBackend::overrideable);
+  if (ctx.userEnabledMathSDP()) return int64_t(at::SDPBackend::math);
+  return int64_t(at::SDPBackend::error);
+}
+
 }  // namespace
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &sdp_choice)
+}  // namespace at::native
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install);
