@@ -109,6 +109,7 @@ _libs: list = []
 def install_dynamic_kernels() -> None:
     from torch_pjrt.eager import dynamic
 
+    torch_pjrt.ensure_initialized()  # dispatch.install first: its registrations win
     lib = torch.library.Library("aten", "IMPL", "PrivateUse1")
     for name, fn in DYNAMIC_KERNELS.items():
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "PrivateUse1"):

@@ -28,7 +28,7 @@ METADATA_OPS = (
     aten.squeeze.dim, aten.squeeze.dims, aten.t.default, aten.transpose.int,
     aten.unbind.int, aten.unfold.default, aten.unsqueeze.default,
     aten.view_as_real.default, aten.view_as_complex.default, aten._conj.default,
-    aten._neg_view.default, aten.lift_fresh.default, aten.chunk.default, aten.narrow.default,
+    aten._neg_view.default, aten.lift_fresh.default,
     aten.as_strided_.default, aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims,
     aten.unsqueeze_.default, aten.transpose_.default, aten.t_.default, aten.detach_.default,
     aten.swapdims_.default, aten.swapaxes_.default,
@@ -224,6 +224,13 @@ def _masked_kernels() -> dict:
             _via_executor(aten.index_put_.default)),
         aten.nonzero.default: dynamic.nonzero,
         aten.masked_select.default: dynamic.masked_select,
+        aten._unique2.default: dynamic.unique2,
+        aten._unique.default: dynamic.unique,
+        aten.unique_consecutive.default: dynamic.unique_consecutive,
+        aten.unique_dim.default: dynamic.unique_dim,
+        aten.unique_dim_consecutive.default: dynamic.unique_dim_consecutive,
+        aten.bincount.default: dynamic.bincount,
+        aten.repeat_interleave.Tensor: dynamic.repeat_interleave,
     }
 
 

@@ -306,6 +306,12 @@ def _runtime_error(spec: OpSpec, e: Exception) -> Exception:
     text = str(e)
     if "RESOURCE_EXHAUSTED" in text or "Out of memory" in text:
         return torch.OutOfMemoryError(f"pjrt: out of device memory running {spec.op}: {text}")
+    if type(e).__module__ == "builtins" and not isinstance(e, ExecutionError):
+        # raised by the lowering itself (NotImplementedError, IndexError, ...): keep the type
+        try:
+            return type(e)(f"{spec.op}: {text}")
+        except TypeError:
+            pass
     return RuntimeError(f"pjrt: {spec.op} failed on the device: {text}")
 
 

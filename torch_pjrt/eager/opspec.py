@@ -89,14 +89,18 @@ def _functional_counterpart(op: OpOverload) -> OpOverload | None:
 def spec(op: OpOverload) -> OpSpec:
     schema = op._schema
     args = []
+    lowering = registry.get(op)
+    dynamic = lowering.dynamic if lowering is not None else frozenset()
     for a in schema.arguments:
         default = a.default_value if a.has_default_value() else _NO_DEFAULT
         write = a.alias_info is not None and a.alias_info.is_write
-        args.append(ArgSpec(a.name, _kind(a.type), write, a.kwarg_only, default))
+        kind = _kind(a.type)
+        if a.name in dynamic and kind == OTHER:
+            kind = SCALAR  # a number the lowering takes at run time
+        args.append(ArgSpec(a.name, kind, write, a.kwarg_only, default))
     mutated = tuple(i for i, a in enumerate(args) if a.write)
     is_out = any(args[i].kwarg_only for i in mutated)
     is_view = not mutated and any(r.alias_info is not None for r in schema.returns)
-    lowering = registry.get(op)
     uses_functional = False
     if lowering is None and mutated:
         functional = _functional_counterpart(op)

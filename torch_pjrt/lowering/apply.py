@@ -41,6 +41,7 @@ def promotion(spec, metas: list, out_dtype) -> dict[str, Any] | None:
                       if a.kind in (TENSOR, OPT_TENSOR, TENSOR_LIST, SCALAR)
                       and not (spec.is_out and a.write))
     by_name = {a.name: m for a, m in zip(spec.args, metas)}
+    names = tuple(n for n in names if n in by_name)  # one list may serve several overloads
     operands = []
     for n in names:
         m = by_name[n]

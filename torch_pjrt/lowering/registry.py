@@ -32,6 +32,7 @@ class Lowering:
     random: bool = False  # fn takes key= (a JAX PRNG key)
     wants_meta: bool = False  # fn takes meta= (the output ShapeDtypeStructs)
     eager: bool = True  # False: only compiled graphs use it (views are metadata in eager)
+    dynamic: frozenset[str] = frozenset()  # float/int args passed at run time, like Scalars
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
@@ -44,8 +45,13 @@ def lower(
     static: Iterable[str] = (),
     random: bool = False,
     eager: bool = True,
+    dynamic: Iterable[str] = (),
 ) -> Callable[[Callable], Callable]:
-    """Register `fn` as the lowering of each listed overload."""
+    """Register `fn` as the lowering of each listed overload.
+
+    Non-tensor arguments are static (part of the program's key) except Scalars, which
+    are run-time inputs; `static=` makes Scalars static, `dynamic=` makes float or int
+    arguments run-time inputs (an optimizer's lr, so a scheduler does not recompile)."""
     if promote is not None and promote not in PROMOTIONS:
         raise ValueError(f"lower: unknown promotion {promote!r}; accepted: {PROMOTIONS}")
 
@@ -60,7 +66,7 @@ def lower(
                                  f"({_TABLE[op].fn.__module__}.{_TABLE[op].fn.__name__})")
             _TABLE[op] = Lowering(
                 op, fn, promote, tuple(operands) if operands is not None else None,
-                frozenset(static), random, wants_meta, eager,
+                frozenset(static), random, wants_meta, eager, frozenset(dynamic),
             )
         return fn
 

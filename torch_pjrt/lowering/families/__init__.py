@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     pooling,
     reductions,
     shape,
+    sorting,
     upsample,
     views,
 )

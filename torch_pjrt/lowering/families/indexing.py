@@ -45,9 +45,9 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 
 @lower(aten.index_select.default)
 def index_select(x, dim, index):
-    if x.ndim == 0:
+    if x.ndim == 0:  # PyTorch: a 0-d input gives a 0-d result (index must be [0])
         index_in_range(index, 1, 0)
-        return jnp.reshape(x, (1,) * index.ndim)[: index.size] if index.ndim else x
+        return x
     i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)
     return jnp.take(x, i.reshape(-1), axis=dim)
 
