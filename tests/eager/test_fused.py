@@ -114,14 +114,16 @@ def test_pending_graph_at_interpreter_exit():
     assert out.returncode == 0 and "Error" not in out.stderr, out.stderr
 
 
-def test_memory_pressure_flushes(monkeypatch):
+def test_memory_pressure_flushes():
     from torch_pjrt.runtime import memory
 
     m = memory.device(0)
-    monkeypatch.setattr(m, "limit", m.allocated + 3_200_000)
+    old_limit = m.limit
+    m.set_limit(m.allocated + 3_200_000)
     x = torch.zeros(250_000, device="pjrt")  # 1 MB
     kept = [x + 1]  # pending
     kept.append(x + 2)  # past 90% of the limit: the graph runs after this op
     assert torch_pjrt.eager.graph.pending_ops() == 0
     assert torch_pjrt.metrics().get("flushes.memory pressure", 0) == 1
     assert kept[1][0].item() == 2
+    m.set_limit(old_limit)

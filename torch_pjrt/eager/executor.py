@@ -58,7 +58,7 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values")
+                 "signature", "values", "random")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -71,6 +71,7 @@ class Entry:
         self.device = 0
         self.signature = ""  # the op and its input shapes, for recompile messages
         self.values: dict[int, Any] = {}  # non-tensor returns (from the meta kernel)
+        self.random = False  # the lowering takes an RNG key
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
@@ -154,9 +155,26 @@ def _key(call: _Call) -> tuple:
     spec = call.spec
     parts: list = [spec.op]
     dyn = call.dyn
+    bufidx = call.bufidx
     for kind, a, v in zip(spec.kinds, spec.args, call.values):
         if kind == TENSOR:
-            parts.append(call.tensor_part(v))
+            # call.tensor_part(v), inlined for the common case: a pjrt tensor whose storage
+            # is in the table and not seen yet in this call.
+            try:
+                ptr = v.untyped_storage().data_ptr()
+            except AttributeError:
+                parts.append(call.tensor_part(v))
+                continue
+            rec = _records.get(ptr)
+            if rec is None or ptr in bufidx or (call.device is not None
+                                                and rec.device != call.device):
+                parts.append(call.tensor_part(v))
+                continue
+            call.device = rec.device
+            idx = bufidx[ptr] = len(call.recs)
+            call.recs.append(rec)
+            parts.append((idx, v.dtype, v.shape, v.stride(), v.storage_offset(), rec.numel,
+                          rec.dtype, rec.value is None))
         elif kind == SCALAR:
             if a.name in spec.static_scalars or (v == a.default and type(v) is type(a.default)):
                 parts.append(("s", v))
@@ -233,7 +251,7 @@ def _launch(call: _Call, entry: Entry):
     spec = call.spec
     recs = call.recs
     device = call.device
-    if spec.lowering.random:
+    if entry.random:
         gen = next((v for a, v in zip(spec.args, call.values) if a.kind == GENERATOR), None)
         seed, offset = _native.philox_next(gen, device, 1)
         call.dyn.append(np.uint64(seed))
@@ -243,8 +261,11 @@ def _launch(call: _Call, entry: Entry):
     else:
         if graph.pending:
             graph.flush("strict op")
+        dyn = call.dyn
+        if dyn:
+            dyn = [_device_scalar(v, device) for v in dyn]
         try:
-            results = entry.fn(recs, call.dyn)
+            results = entry.fn(recs, dyn)
         except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
             raise _runtime_error(spec, e) from e
         if entry.checks is not None:
@@ -274,6 +295,24 @@ def _launch(call: _Call, entry: Entry):
         if reason is not None:
             graph.flush(reason)
     return _returns(spec, entry, call.values, fresh)
+
+
+_scalars: dict[tuple, Any] = {}
+_PY_SCALARS = (float, int, bool, complex)
+
+
+def _device_scalar(v, device: int):
+    """A run-time Python number as a (weakly typed) device array, cached: passing the
+    number itself makes every launch convert and copy it to the device."""
+    if type(v) not in _PY_SCALARS:
+        return v
+    key = (type(v), v, device) if v == v and v != 0 else (type(v), repr(v), device)
+    arr = _scalars.get(key)
+    if arr is None:
+        if len(_scalars) >= 4096:
+            _scalars.clear()
+        arr = _scalars[key] = jax.device_put(jnp.asarray(v), _device(device))
+    return arr
 
 
 def _factory_device(spec: OpSpec, values: list) -> int:
@@ -459,6 +498,7 @@ def _compile(call: _Call, key: tuple) -> Entry:
         entry.result_avals.append(((numel * old.itemsize // new.itemsize,), new))
     entry.n_results = len(entry.result_avals)
     entry.name = str(spec.op)
+    entry.random = spec.lowering.random
     entry.signature = _signature_text(spec, key)
     return entry
 
@@ -482,6 +522,11 @@ class _Launcher:
         self.entry = entry
 
     def __call__(self, recs: list, dyn: list):
+        compiled = self.compiled
+        if compiled is not None and self.order is None:  # the common case
+            if dyn:
+                return compiled(*[r.value for r in recs], *dyn)
+            return compiled(*[r.value for r in recs])
         if self.order is None:
             args = [r.value for r in recs]
         else:

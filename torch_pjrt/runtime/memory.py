@@ -12,7 +12,7 @@ from .. import _env
 class DeviceMemory:
     """Counters of one device; reserve/release run on every allocation, so they stay small."""
 
-    __slots__ = ("index", "allocated", "peak", "allocs", "frees", "ooms", "limit")
+    __slots__ = ("index", "allocated", "peak", "allocs", "frees", "ooms", "limit", "soft_limit")
 
     def __init__(self, index: int):
         self.index = index
@@ -22,6 +22,11 @@ class DeviceMemory:
         self.frees = 0
         self.ooms = 0
         self.limit = _limit(index)
+        self.soft_limit = int(self.limit * PRESSURE)  # past it, on_pressure is called
+
+    def set_limit(self, nbytes: int) -> None:
+        self.limit = nbytes
+        self.soft_limit = int(nbytes * PRESSURE)
 
 
 def _limit(device: int) -> int:
@@ -57,19 +62,24 @@ def reserve(index: int, nbytes: int) -> None:
     """Account for a new storage, raising torch.OutOfMemoryError past the limit."""
     m = _devices.get(index) or device(index)
     total = m.allocated + nbytes
-    if total > m.limit * PRESSURE and on_pressure is not None and on_pressure():
-        total = m.allocated + nbytes
-    if total > m.limit:
-        m.ooms += 1
-        raise torch.OutOfMemoryError(
-            f"pjrt: out of memory on pjrt:{index}: tried to allocate {_fmt(nbytes)} with "
-            f"{_fmt(m.allocated)} already allocated (limit {_fmt(m.limit)}; "
-            "set TORCH_PJRT_MEMORY_LIMIT to change it)"
-        )
+    if total > m.soft_limit:
+        _near_limit(m, total, nbytes)
     m.allocated = total
     m.allocs += 1
     if total > m.peak:
         m.peak = total
+
+
+def _near_limit(m: DeviceMemory, total: int, nbytes: int) -> None:
+    if on_pressure is not None:
+        on_pressure()
+    if total > m.limit:
+        m.ooms += 1
+        raise torch.OutOfMemoryError(
+            f"pjrt: out of memory on pjrt:{m.index}: tried to allocate {_fmt(nbytes)} with "
+            f"{_fmt(m.allocated)} already allocated (limit {_fmt(m.limit)}; "
+            "set TORCH_PJRT_MEMORY_LIMIT to change it)"
+        )
 
 
 def release(index: int, nbytes: int) -> None:
