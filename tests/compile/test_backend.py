@@ -162,3 +162,29 @@ def test_recompile_warning_names_the_input_that_changed():
     with pytest.warns(UserWarning, match=r"compiled for 9 different inputs.*input 0"):
         for n in range(1, 12):
             fn(torch.randn(n, device="pjrt"))
+
+
+def test_whole_training_step_compiled():
+    torch.manual_seed(0)
+    model = _mlp()
+    dev = copy.deepcopy(model).to("pjrt")
+    o_cpu = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    o_dev = torch.optim.AdamW(dev.parameters(), lr=1e-2)
+
+    def make_step(m, o):
+        def step(x, y):
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+
+    cpu_step, dev_step = make_step(model, o_cpu), torch.compile(make_step(dev, o_dev),
+                                                                backend="pjrt")
+    for _ in range(3):
+        x, y = torch.randn(16, 8), torch.randn(16, 4)
+        assert dev_step(x.to("pjrt"), y.to("pjrt")).item() == pytest.approx(
+            cpu_step(x, y).item(), rel=1e-5)
+    m = torch_pjrt.metrics()
+    assert m["compiled_graphs"] >= 2 and m["cpu_fallbacks"] == {}

@@ -36,6 +36,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
     try:
         compiled = graph.CompiledGraph(gm, list(example_inputs))
     except graph.Unsupported as e:
+        if str(e) == "a graph without tensor inputs":  # nothing to offload: run it as is
+            return _eager(gm)
         if not _env.flag("TORCH_PJRT_CPU_FALLBACK"):
             raise RuntimeError(f"pjrt: torch.compile graph uses {e}, which has no lowering "
                                "(and TORCH_PJRT_CPU_FALLBACK=0)") from None
@@ -71,10 +73,18 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
 def register() -> None:
     """Register the "pjrt" backend, and make the default backend (Inductor, which has no
     code generator for this device) hand graphs of pjrt tensors to it."""
-    from torch._dynamo import list_backends, register_backend
+    from torch._dynamo import list_backends, register_backend, trace_rules
 
     if "pjrt" not in list_backends():
         register_backend(compiler_fn=pjrt_backend, name="pjrt")
+    # The backend's own Python (dispatcher kernels, the executor, the runtime) runs when
+    # compiled code falls back to eager, e.g. during loss.backward() in a compiled step;
+    # Dynamo must run it, not try to compile it. (demo/ stays traceable: it is user code.)
+    for part in ("runtime", "storage", "eager", "lowering", "compile", "counters", "kernels",
+                 "_env"):
+        trace_rules.add(f"torch_pjrt.{part}")
+    for package in ("jax", "jaxlib", "ml_dtypes"):  # what those kernels call
+        trace_rules.add(package)
     wrapper = torch._TorchCompileInductorWrapper
     if not getattr(wrapper.__call__, "_pjrt", False):
         inductor_call = wrapper.__call__

@@ -202,6 +202,9 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list):
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if not any(isinstance(ex, torch.Tensor) for ex in example_inputs):
+            # the dispatcher finds a backend through tensor arguments: none, no operator
+            raise Unsupported("a graph without tensor inputs")
         (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
         results = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) \
             else [out_node.args[0]]

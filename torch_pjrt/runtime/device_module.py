@@ -226,3 +226,4 @@ def default_stream(device: Any = None) -> torch.Stream:
 @contextlib.contextmanager
 def stream(s: torch.Stream | None):
     yield s
+
