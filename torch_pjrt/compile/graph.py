@@ -167,9 +167,17 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
             if structs is None:
                 structs = [_struct(m, bindings) for m in plan.out_metas]
             rng = jax.random.fold_in(key, plan.index) if plan.spec.lowering.random else None
-            results = apply.invoke(plan.spec, values, plan.compute, structs, rng)
-            results = [r if s is None or r is None else apply.broadcast_cast(r, s.shape, s.dtype)
-                       for r, s in zip(results, structs)]
+            arrays = iter(apply.invoke(plan.spec, values, plan.compute, structs, rng))
+            results = []
+            for m, st in zip(plan.out_metas, structs):
+                if isinstance(m, (int, float, torch.SymInt, torch.SymFloat)):
+                    # a number the meta kernel computes (SDPA's max_q): not from the lowering
+                    results.append(concrete((m,), bindings)[0] if isinstance(m, torch.SymInt)
+                                   else m)
+                    continue
+                r = next(arrays)
+                results.append(r if st is None or r is None
+                               else apply.broadcast_cast(r, st.shape, st.dtype))
             multi = isinstance(node.meta.get("val"), (list, tuple))
             env[node] = results if multi else results[0]
         new_inputs = [env[mutations[i]] for i in sorted(mutations)]
@@ -187,13 +195,6 @@ _SIZE_QUERIES = {
     torch.ops.aten.sym_numel.default: lambda x: x.size,
     torch.ops.aten.sym_stride.int: lambda x, d: int(__import__("math").prod(x.shape[d + 1:])),
 }
-
-
-def _schema_type(example) -> str:
-    if isinstance(example, torch.Tensor):
-        return "Tensor"
-    # Integers (symbolic sizes) are static: the program is specialized to their values.
-    return "SymInt" if isinstance(example, (int, torch.SymInt)) else "Scalar"
 
 
 class CompiledGraph:
@@ -229,15 +230,39 @@ class CompiledGraph:
                 raise Unsupported(f"graph output {r!r} that is not a tensor")
         fn, random = _interpreter(gm, placeholders, computed, mutations)
 
+        # The operator takes the inputs in four lists (schemas are limited to 64 arguments):
+        # mutated tensors, other tensors, integers (static), other numbers (run time).
+        groups: dict[str, list[int]] = {"mutated": [], "tensors": [], "ints": [], "scalars": []}
+        for i, ex in enumerate(example_inputs):
+            if isinstance(ex, torch.Tensor):
+                groups["mutated" if i in mutations else "tensors"].append(i)
+            elif isinstance(ex, (int, torch.SymInt)):
+                groups["ints"].append(i)
+            else:
+                groups["scalars"].append(i)
+        self.groups = groups
+        n_inputs = len(example_inputs)
+
+        def regroup(mutated, tensors, ints, scalars):
+            placed = [None] * n_inputs
+            for name_, values in (("mutated", mutated), ("tensors", tensors), ("ints", ints),
+                                  ("scalars", scalars)):
+                for i, v in zip(groups[name_], values):
+                    placed[i] = v
+            return placed
+
+        def lowering(mutated, tensors, ints, scalars, *, key=None):
+            return fn(*regroup(mutated, tensors, ints, scalars), key=key)
+
+        lowering.__name__ = "compiled_graph"
         name = f"graph_{next(_counter)}"
-        args = ", ".join(
-            f"{_schema_type(ex)}{f'(a{i}!)' if i in mutations else ''} x{i}"
-            for i, ex in enumerate(example_inputs))
-        _lib.define(f"{name}({args}) -> Tensor[]")
+        _lib.define(f"{name}(Tensor(a!)[] mutated, Tensor[] tensors, SymInt[] ints, "
+                    "Scalar[] scalars) -> Tensor[]")
         out_metas = [r.meta["val"] for r in computed]
         placeholder_metas = [p.meta.get("val") for p in placeholders]
 
-        def fake(*inputs):
+        def fake(mutated, tensors, ints, scalars):
+            inputs = regroup(mutated, tensors, ints, scalars)
             device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), "meta")
             b = bind(placeholder_metas, inputs)
             return [torch.empty_strided(concrete(m.shape, b), concrete(m.stride(), b),
@@ -245,7 +270,7 @@ class CompiledGraph:
 
         torch.library.register_fake(f"pjrt_graphs::{name}", fake, lib=_lib)
         self.op = getattr(torch.ops.pjrt_graphs, name).default
-        registry.lower(self.op, random=random, eager=False)(fn)
+        registry.lower(self.op, random=random, eager=False)(lowering)
         from ..eager import dispatch
 
         _impl.impl(name, dispatch.executor_kernel(self.op))
@@ -258,7 +283,9 @@ class CompiledGraph:
         args = list(args)
         if self.symbolic:
             recompiles.note(self.op, _signature(args), f"compiled graph {self.op}")
-        outs = iter(self.op(*args))
+        g = self.groups
+        outs = iter(self.op([args[i] for i in g["mutated"]], [args[i] for i in g["tensors"]],
+                            [args[i] for i in g["ints"]], [args[i] for i in g["scalars"]]))
         result = [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input" else None
                   for s in self.sources]
         return result
