@@ -48,7 +48,8 @@ def test_fallback_off_raises_naming_the_op():
         "import torch, torch_pjrt\n"
         "from torch_pjrt.eager import fallback\n"
         "try:\n"
-        "    fallback.cpu_fallback(torch.ops.aten.mul.Tensor, (torch.ones(2, device='pjrt'), 2), {})\n"
+        "    fallback.cpu_fallback(\n"
+        "        torch.ops.aten.mul.Tensor, (torch.ones(2, device='pjrt'), 2), {})\n"
         "except RuntimeError as e:\n"
         "    print('raised', e)\n"
     )

@@ -10,7 +10,8 @@ import torch_pjrt
 
 
 def test_import_torch_alone_registers_pjrt():
-    code = "import torch; t = torch.ones(2, device='pjrt'); print(t.device, torch.pjrt.device_count())"
+    code = ("import torch; t = torch.ones(2, device='pjrt'); "
+            "print(t.device, torch.pjrt.device_count())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "pjrt:0"

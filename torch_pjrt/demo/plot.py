@@ -66,7 +66,7 @@ def line_plot(path: str, series: dict[str, list[float]], width: int = 640,
     for k in range(5):  # step labels under the x axis
         x = m + (w - 2 * m) * k // 4
         _text(px, w, h, x - 6, h - m + 8, str(1 + (n - 1) * k // 4))
-    for idx, (name, ys) in enumerate(series.items()):
+    for idx, ys in enumerate(series.values()):
         color = _COLORS[idx % len(_COLORS)]
         pts = [(m + (w - 2 * m) * i / max(n - 1, 1), m + (h - 2 * m) * (hi - v) / span)
                for i, v in enumerate(ys)]

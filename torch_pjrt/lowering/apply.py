@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ..storage import dtypes
-
 from .kinds import GENERATOR, OPT_TENSOR, SCALAR, TENSOR, TENSOR_LIST
 
 _KINDS = {
