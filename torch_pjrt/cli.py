@@ -90,6 +90,9 @@ def run_ops(args: argparse.Namespace) -> int:
 
     from . import conformance
 
+    # A sweep compiles tens of thousands of one-off programs: keep them off the on-disk
+    # compile cache (they would evict a user's useful entries) unless asked for.
+    os.environ.setdefault("TORCH_PJRT_COMPILE_CACHE", "0")
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
         print(f"ops: unknown dtype {args.dtype!r} (e.g. float32, float64, bfloat16)",

@@ -90,3 +90,24 @@ def test_cache_cli_info_and_clear(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert clear.returncode == 0, clear.stderr
     assert _entries(tmp_path) == []
+
+
+LINALG = """
+import torch, torch_pjrt
+a = torch.tensor([[2.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 4.0]], dtype=torch.float64)
+w = torch.linalg.eigvalsh(a.to("pjrt")).cpu()
+s = torch.linalg.svdvals(a.to("pjrt")).cpu()
+assert torch.allclose(w, torch.linalg.eigvalsh(a)) and torch.allclose(s, torch.linalg.svdvals(a))
+print("hits", torch_pjrt.metrics().get("disk_cache_hits", 0))
+"""
+
+
+def test_programs_with_lapack_calls_run_from_disk(tmp_path):
+    """A warm process never lowers: the LAPACK custom calls must still be set up (they
+    called through null pointers, a segfault, before)."""
+    env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path)}
+    for run in ("cold", "warm"):
+        out = subprocess.run([sys.executable, "-c", LINALG], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, f"{run}: rc {out.returncode}: {out.stderr[-2000:]}"
+    assert _counts(out.stdout)["hits"] > 0

@@ -89,6 +89,18 @@ def _path(name: str) -> str:
     return os.path.join(directory(), name[:2], name + _SUFFIX)
 
 
+@functools.cache
+def _prepare_custom_calls() -> None:
+    """Set up what the custom calls of a program from disk call into. JAX does this while
+    lowering (LAPACK's function table on CPU); a program that skipped lowering would call
+    through null pointers (a segfault) in its first eigh, svd or solve."""
+    try:
+        from jax._src.lax import linalg
+        linalg.initialize_lapack()
+    except (ImportError, AttributeError):  # another jaxlib layout: JAX sets it up itself
+        pass
+
+
 def load(name: str, device: int):
     """(executable, side info) stored under `name`, or None (missing or damaged: then
     recompiled)."""
@@ -112,6 +124,7 @@ def load(name: str, device: int):
         from . import client
 
         serialized, side = pickle.loads(payload)
+        _prepare_custom_calls()
         compiled = deserialize_and_load(*serialized,
                                         execution_devices=[client.device(device)])
     except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal

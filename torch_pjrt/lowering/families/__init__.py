@@ -1,12 +1,14 @@
 """Lowering families, one module per family of ATen ops."""
 
 from . import (  # noqa: F401
+    activations,
     attention,
     conv,
     copying,
     dynamic,
     elementwise,
     factories,
+    fft,
     foreach,
     indexing,
     linalg,
@@ -17,6 +19,7 @@ from . import (  # noqa: F401
     reductions,
     shape,
     sorting,
+    special,
     upsample,
     views,
 )

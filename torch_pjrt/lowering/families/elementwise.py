@@ -1,32 +1,46 @@
-"""Elementwise math: unary, binary and ternary ops, comparisons, activations.
+"""Elementwise math: unary, binary and ternary ops, comparisons, bitwise ops.
 
 Operands arrive already promoted to PyTorch's computation dtype (the `promote=`
 kind of each registration); the machinery casts the result to the output dtype.
+Where PyTorch's CPU kernel defines an edge case differently from XLA (integer
+division by zero, negative integer powers, NaN in `sign`, -0.0 in `angle`), the
+lowering spells out PyTorch's rule.
 """
 
 from __future__ import annotations
 
-import jax
+import math
+
 import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
+from .. import checks
 from ..registry import lower
 from ._ops import aten, register_each
+
+
+def _is_int(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+
+
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _zero(x):
+    return jnp.zeros((), x.dtype)
+
 
 # --------------------------------------------------------------------- unary
 # op -> (JAX function, promotion kind)
 UNARY = {
-    aten.abs.default: (jnp.abs, "complex_to_float"),
     aten.neg.default: (jnp.negative, "default"),
-    aten.sign.default: (jnp.sign, "default"),
-    aten.sgn.default: (jnp.sign, "default"),
     aten.ceil.default: (jnp.ceil, "default"),
     aten.floor.default: (jnp.floor, "default"),
     aten.trunc.default: (jnp.trunc, "default"),
     aten.bitwise_not.default: (jnp.invert, "default"),
     aten.logical_not.default: (jnp.logical_not, "always_bool"),
-    aten.exp.default: (jnp.exp, "int_to_float"),
     aten.exp2.default: (jnp.exp2, "int_to_float"),
     aten.expm1.default: (jnp.expm1, "int_to_float"),
     aten.log.default: (jnp.log, "int_to_float"),
@@ -49,22 +63,75 @@ UNARY = {
     aten.atanh.default: (jnp.arctanh, "int_to_float"),
     aten.erf.default: (jsp.erf, "int_to_float"),
     aten.erfc.default: (jsp.erfc, "int_to_float"),
-    aten.erfinv.default: (jsp.erfinv, "int_to_float"),
-    aten.sigmoid.default: (jax.nn.sigmoid, "int_to_float"),
     aten.reciprocal.default: (jnp.reciprocal, "int_to_float"),
     aten.lgamma.default: (jsp.gammaln, "int_to_float"),
-    aten.digamma.default: (jsp.digamma, "int_to_float"),
     aten.i0.default: (jnp.i0, "int_to_float"),
-    aten.relu.default: (jax.nn.relu, "default"),
     aten.isnan.default: (jnp.isnan, "always_bool"),
     aten.isinf.default: (jnp.isinf, "always_bool"),
     aten.isposinf.default: (jnp.isposinf, "always_bool"),
     aten.isneginf.default: (jnp.isneginf, "always_bool"),
     aten.signbit.default: (jnp.signbit, "always_bool"),
-    aten.conj_physical.default: (jnp.conj, "default"),
-    aten.angle.default: (jnp.angle, "int_to_float"),
+    aten._conj_physical.default: (jnp.conj, "default"),
 }
 register_each(UNARY)
+
+
+@lower(aten.abs.default, promote="complex_to_float")
+def abs_(x):
+    if not _is_complex(x):
+        return jnp.abs(x)
+    # C99: |z| is +inf when either part is infinite, even if the other is NaN.
+    inf = jnp.isinf(x.real) | jnp.isinf(x.imag)
+    return jnp.where(inf, jnp.inf, jnp.abs(x))
+
+
+@lower(aten.exp.default, promote="int_to_float")
+def exp(x):
+    if not _is_complex(x):
+        return jnp.exp(x)
+    # C99 special values the XLA formula gets wrong: exp(-inf + iy) is 0 for any
+    # y, and exp(x + 0i) stays real for any x.
+    re, im = x.real, x.imag
+    out = jnp.exp(x)
+    out = jnp.where(im == 0, lax.complex(jnp.exp(re), im), out)
+    zero = lax.complex(jnp.zeros_like(re), jnp.zeros_like(im))
+    return jnp.where(jnp.isneginf(re) & ~jnp.isfinite(im), zero, out)
+
+
+@lower(aten.sigmoid.default, promote="int_to_float")
+def sigmoid(x):
+    return 1 / (1 + jnp.exp(-x))
+
+
+def _real_sign(x):
+    """PyTorch's sign of a real number: (0 < x) - (x < 0), so NaN and -0.0 give 0."""
+    if x.dtype == jnp.bool_:
+        return x
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+@lower(aten.sign.default, promote="default")
+def sign(x):
+    return _real_sign(x)
+
+
+@lower(aten.sgn.default, promote="default")
+def sgn(x):
+    if not _is_complex(x):
+        return _real_sign(x)
+    r = jnp.abs(x)
+    nan = jnp.full((), complex(math.nan, math.nan), x.dtype)
+    safe = jnp.where(r == 0, 1, r).astype(x.real.dtype)
+    unit = x / safe
+    return jnp.where(r == 0, _zero(x), jnp.where(jnp.isfinite(r), unit, nan))
+
+
+@lower(aten.angle.default, promote="int_to_float")
+def angle(x):
+    if _is_complex(x):
+        return jnp.arctan2(x.imag, x.real)
+    pi = jnp.asarray(jnp.pi, x.dtype)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, pi, _zero(x)))
 
 
 @lower(aten.frac.default, promote="default")
@@ -74,13 +141,66 @@ def frac(x):
 
 @lower(aten.round.default, promote="default")
 def round_(x):
-    return jnp.round(x)
+    return jnp.round(x)  # half to even, as std::nearbyint
 
 
 @lower(aten.round.decimals, promote="default")
 def round_decimals(x, *, decimals):
-    scale = 10.0 ** decimals
+    if _is_int(x) or decimals == 0:
+        return jnp.round(x)
+    # PyTorch scales by a power of ten computed in the opmath type, and divides
+    # (rather than multiplies by 10**decimals) for negative decimals.
+    scale = jnp.asarray(10.0 ** abs(decimals), x.dtype)
+    if decimals < 0:
+        return jnp.round(x / scale) * scale
     return jnp.round(x * scale) / scale
+
+
+@lower(aten.nan_to_num.default, promote="default")
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if _is_int(x):
+        return x
+    if _is_complex(x):
+        return lax.complex(nan_to_num(x.real, nan, posinf, neginf),
+                           nan_to_num(x.imag, nan, posinf, neginf))
+    info = jnp.finfo(x.dtype)
+    nan_v = jnp.asarray(0.0 if nan is None else nan, x.dtype)
+    pos_v = jnp.asarray(info.max if posinf is None else posinf, x.dtype)
+    neg_v = jnp.asarray(info.min if neginf is None else neginf, x.dtype)
+    x = jnp.where(jnp.isnan(x), nan_v, x)
+    return jnp.where(jnp.isposinf(x), pos_v, jnp.where(jnp.isneginf(x), neg_v, x))
+
+
+@lower(aten.logit.default, promote="int_to_float")
+def logit(x, eps=None):
+    if eps is not None and eps >= 0:
+        lo, hi = jnp.asarray(eps, x.dtype), 1 - jnp.asarray(eps, x.dtype)
+        x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))  # NaN stays NaN
+    return jnp.log(x / (1 - x))
+
+
+@lower(aten.logit_backward.default, promote="int_to_float")
+def logit_backward(grad, x, eps=None):
+    inf = jnp.asarray(jnp.inf, x.dtype)
+    grad_x = jnp.where((x == 0) | (x == 1), grad * inf, grad / (x * (1 - x)))
+    if eps is None or eps < 0:
+        return jnp.where((x < 0) | (x > 1), jnp.asarray(jnp.nan, x.dtype), grad_x)
+    lo, hi = jnp.asarray(eps, x.dtype), 1 - jnp.asarray(eps, x.dtype)
+    return jnp.where((x < lo) | (x > hi), _zero(x), grad_x)
+
+
+@lower(aten.sinc.default, promote="int_to_float")
+def sinc(x):
+    product = jnp.asarray(jnp.pi, x.dtype) * x
+    safe = jnp.where(x == 0, jnp.ones((), x.dtype), product)
+    return jnp.where(x == 0, jnp.ones((), x.dtype), jnp.sin(safe) / safe)
+
+
+@lower(aten.frexp.Tensor)
+def frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    finite = jnp.isfinite(x)
+    return mantissa, jnp.where(finite, exponent, 0).astype(jnp.int32)
 
 
 # -------------------------------------------------------------------- binary
@@ -89,11 +209,6 @@ BINARY = {
     aten.mul.Scalar: (jnp.multiply, "default"),
     aten.div.Tensor: (jnp.true_divide, "int_to_float"),
     aten.div.Scalar: (jnp.true_divide, "int_to_float"),
-    aten.remainder.Tensor: (jnp.remainder, "default"),
-    aten.remainder.Scalar: (jnp.remainder, "default"),
-    aten.remainder.Scalar_Tensor: (jnp.remainder, "default"),
-    aten.fmod.Tensor: (jnp.fmod, "default"),
-    aten.fmod.Scalar: (jnp.fmod, "default"),
     aten.maximum.default: (jnp.maximum, "default"),
     aten.minimum.default: (jnp.minimum, "default"),
     aten.fmax.default: (jnp.fmax, "default"),
@@ -109,8 +224,14 @@ BINARY = {
     aten.bitwise_or.Scalar: (jnp.bitwise_or, "default"),
     aten.bitwise_xor.Tensor: (jnp.bitwise_xor, "default"),
     aten.bitwise_xor.Scalar: (jnp.bitwise_xor, "default"),
+    # XLA shifts match PyTorch: an amount outside [0, bits) gives 0 (left) or
+    # the sign fill (right).
     aten.bitwise_left_shift.Tensor: (jnp.left_shift, "default"),
     aten.bitwise_right_shift.Tensor: (jnp.right_shift, "default"),
+    aten.__lshift__.Tensor: (jnp.left_shift, "default"),
+    aten.__lshift__.Scalar: (jnp.left_shift, "default"),
+    aten.__rshift__.Tensor: (jnp.right_shift, "default"),
+    aten.__rshift__.Scalar: (jnp.right_shift, "default"),
     aten.logical_and.default: (jnp.logical_and, "always_bool"),
     aten.logical_or.default: (jnp.logical_or, "always_bool"),
     aten.logical_xor.default: (jnp.logical_xor, "always_bool"),
@@ -126,14 +247,21 @@ BINARY = {
     aten.gt.Scalar: (jnp.greater, "always_bool"),
     aten.ge.Tensor: (jnp.greater_equal, "always_bool"),
     aten.ge.Scalar: (jnp.greater_equal, "always_bool"),
-    aten.xlogy.Tensor: (jsp.xlogy, "int_to_float"),
 }
 register_each(BINARY)
 
 
 @lower(aten.add.Tensor, aten.add.Scalar, promote="default")
 def add(x, y, alpha=1):
+    if x.dtype == jnp.bool_:
+        return x | (y & (alpha != 0))
     return x + alpha * y
+
+
+@lower(aten._add_relu.Tensor, aten._add_relu.Scalar, promote="default")
+def add_relu(x, y, alpha=1):
+    out = x + alpha * y
+    return jnp.where(out > 0, out, _zero(out))
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar, promote="default")
@@ -146,24 +274,194 @@ def rsub(x, y, alpha=1):
     return y - alpha * x
 
 
+def _nonzero_divisor(y) -> None:
+    """Integer division by zero raises on the CPU: check it on the device."""
+    checks.require(y != 0, RuntimeError, "ZeroDivisionError")
+
+
+def _div_floor(x, y):
+    """Floor division as PyTorch's CPU kernel: Python's rule for ints, fmod-based for floats."""
+    if _is_int(x):
+        _nonzero_divisor(y)
+        safe = jnp.where(y == 0, jnp.ones((), y.dtype), y)
+        return jnp.floor_divide(x, safe)
+    mod = lax.rem(*jnp.broadcast_arrays(x, y))
+    div = (x - mod) / y
+    div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
+    floordiv = jnp.floor(div)
+    floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    floordiv = jnp.where(div == 0, jnp.copysign(_zero(div), x / y), floordiv)
+    return jnp.where(y == 0, x / y, floordiv)
+
+
+def _div_trunc(x, y):
+    if _is_int(x):
+        _nonzero_divisor(y)
+        x, y = jnp.broadcast_arrays(x, jnp.where(y == 0, jnp.ones((), y.dtype), y))
+        return lax.div(x, y)
+    return jnp.trunc(x / y)
+
+
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default", static=("rounding_mode",))
 def div_mode(x, y, *, rounding_mode=None):
     if rounding_mode is None:
         return jnp.true_divide(x, y)
-    integer = jnp.issubdtype(x.dtype, jnp.integer)
     if rounding_mode == "trunc":
-        return lax.div(x, y) if integer else jnp.trunc(x / y)
-    return jnp.floor_divide(x, y)
+        return _div_trunc(x, y)
+    return _div_floor(x, y)
 
 
 @lower(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default")
 def floor_divide(x, y):
-    return jnp.floor_divide(x, y)
+    return _div_floor(x, y)
 
 
-@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote="default")
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor,
+       promote="default")
+def remainder(x, y):
+    """Python's modulo: the result takes the divisor's sign."""
+    if _is_int(x):
+        _nonzero_divisor(y)
+        y = jnp.where(y == 0, jnp.ones((), y.dtype), y)
+    mod = lax.rem(*jnp.broadcast_arrays(x, y))
+    return jnp.where((mod != 0) & ((y < 0) != (mod < 0)), mod + y, mod)
+
+
+@lower(aten.fmod.Tensor, aten.fmod.Scalar, promote="default")
+def fmod(x, y):
+    """C's fmod: the result takes the dividend's sign."""
+    if _is_int(x):
+        _nonzero_divisor(y)
+        y = jnp.where(y == 0, jnp.ones((), y.dtype), y)
+    return lax.rem(*jnp.broadcast_arrays(x, y))
+
+
+def _int_pow(x, y):
+    """x**y for integers, wrapping like C; negative exponents give 1/x rounded toward 0."""
+    x, y = jnp.broadcast_arrays(x, y)
+    e = jnp.where(y < 0, 0, y)
+
+    def step(_, state):
+        result, base, e = state
+        result = jnp.where((e & 1) == 1, result * base, result)
+        return result, base * base, e >> 1
+
+    one = jnp.ones_like(x)
+    result, _, _ = lax.fori_loop(0, jnp.iinfo(x.dtype).bits, step, (one, x, e))
+    if jnp.issubdtype(x.dtype, jnp.signedinteger):
+        odd = (y & 1) == 1
+        negative = jnp.where(x == 1, one, jnp.where(x == -1, jnp.where(odd, -one, one), 0 * one))
+        result = jnp.where(y < 0, negative, result)
+    return result
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote="default")
 def pow_(x, y):
+    if _is_int(x):
+        return _int_pow(x, y)
     return jnp.power(x, y)
+
+
+@lower(aten.pow.Tensor_Scalar, promote="default")
+def pow_tensor_scalar(x, exponent):
+    if _is_int(x):
+        checks.require(exponent >= 0, RuntimeError,
+                       "Integers to negative integer powers are not allowed.")
+        return _int_pow(x, exponent)
+    # PyTorch's kernel special-cases these exponents (sqrt(-inf) is NaN where
+    # pow(-inf, 0.5) is inf; x*x is exact where a complex pow is not). The exponent is
+    # a run-time value: a switch runs only the branch it selects.
+    branches = (lambda x, e: jnp.power(x, e), lambda x, e: x * x, lambda x, e: x * x * x,
+                lambda x, e: 1 / (x * x), lambda x, e: jnp.sqrt(x),
+                lambda x, e: lax.rsqrt(x), lambda x, e: 1 / x)
+    specials = (2, 3, -2, 0.5, -0.5, -1)
+    index = sum((exponent == v).astype(jnp.int32) * (i + 1) for i, v in enumerate(specials))
+    return lax.switch(index, branches, x, exponent)
+
+
+@lower(aten.xlogy.Tensor, promote="int_to_float")
+def xlogy(x, y):
+    out = jnp.where(x == 0, _zero(x), x * jnp.log(y))
+    return jnp.where(jnp.isnan(y), y, out)
+
+
+@lower(aten.special_xlog1py.default, promote="int_to_float")
+def xlog1py(x, y):
+    out = jnp.where(x == 0, _zero(x), x * jnp.log1p(y))
+    return jnp.where(jnp.isnan(y), y, out)
+
+
+@lower(aten.logaddexp.default, promote="default")
+def logaddexp(x, y):
+    if _is_complex(x):
+        big = jnp.where(x.real >= y.real, x, y)
+        small = jnp.where(x.real >= y.real, y, x)
+        return big + jnp.log1p(jnp.exp(small - big))
+    m = jnp.maximum(x, y)
+    out = m + jnp.log1p(jnp.exp(-jnp.abs(x - y)))
+    return jnp.where(jnp.isinf(x) & (x == y), x, out)
+
+
+@lower(aten.logaddexp2.default, promote="default")
+def logaddexp2(x, y):
+    m = jnp.maximum(x, y)
+    out = m + jnp.log1p(jnp.exp2(-jnp.abs(x - y))) * jnp.asarray(1 / math.log(2), x.dtype)
+    return jnp.where(jnp.isinf(x) & (x == y), x, out)
+
+
+@lower(aten.heaviside.default, promote="default")
+def heaviside(x, values):
+    return jnp.where(x == 0, values, (x > 0).astype(x.dtype))
+
+
+def _gcd(a, b):
+    a, b = jnp.broadcast_arrays(jnp.abs(a), jnp.abs(b))
+
+    def body(state):
+        a, b = state
+        nz = a != 0
+        return jnp.where(nz, b % jnp.where(nz, a, 1), 0), jnp.where(nz, a, b)
+
+    _, g = lax.while_loop(lambda s: jnp.any(s[0] != 0), body, (a, b))
+    return g
+
+
+@lower(aten.gcd.default, promote="default")
+def gcd(x, y):
+    return _gcd(x, y)
+
+
+@lower(aten.lcm.default, promote="default")
+def lcm(x, y):
+    g = _gcd(x, y)
+    return jnp.where(g == 0, _zero(g), jnp.abs(x // jnp.where(g == 0, 1, g) * y))
+
+
+@lower(aten.complex.default)
+def complex_(real, imag):
+    return lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lower(aten.polar.default, promote="default")
+def polar(magnitude, phase):
+    return lax.complex(magnitude * jnp.cos(phase), magnitude * jnp.sin(phase))
+
+
+def _isin(elements, test, invert):
+    """Membership by binary search in the sorted test elements (no N x M compare)."""
+    flat = jnp.sort(jnp.ravel(test))
+    if flat.size == 0:
+        found = jnp.zeros(jnp.shape(elements), bool)
+    else:
+        idx = jnp.clip(jnp.searchsorted(flat, elements), 0, flat.size - 1)
+        found = flat[idx] == elements
+    return ~found if invert else found
+
+
+@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor,
+       promote="default")
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    return _isin(elements, test_elements, invert)
 
 
 # ------------------------------------------------------------------- ternary
@@ -174,6 +472,8 @@ def where(condition, x, y):
 
 @lower(aten.clamp.default, aten.clamp.Tensor, promote="default")
 def clamp(x, min=None, max=None):
+    # NaN in x or in a bound gives NaN (jnp.maximum/minimum propagate it); with
+    # min > max every element becomes max, as in PyTorch.
     if min is not None:
         x = jnp.maximum(x, min)
     if max is not None:
@@ -212,101 +512,3 @@ def lerp(start, end, weight):
        operands=("self", "value"))
 def masked_fill(x, mask, value):
     return jnp.where(mask, value, x)
-
-
-# --------------------------------------------------------------- activations
-@lower(aten.gelu.default, promote="default", static=())
-def gelu(x, *, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
-
-
-@lower(aten.gelu_backward.default, promote="default")
-def gelu_backward(grad, x, *, approximate="none"):
-    if approximate == "tanh":
-        k = jnp.sqrt(2.0 / jnp.pi).astype(x.dtype)
-        inner = k * (x + 0.044715 * x**3)
-        t = jnp.tanh(inner)
-        dinner = k * (1 + 3 * 0.044715 * x**2)
-        return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * dinner)
-    cdf = 0.5 * (1 + jsp.erf(x / jnp.sqrt(2.0).astype(x.dtype)))
-    pdf = jnp.exp(-0.5 * x * x) / jnp.sqrt(2 * jnp.pi).astype(x.dtype)
-    return grad * (cdf + x * pdf)
-
-
-@lower(aten.silu.default, promote="default")
-def silu(x):
-    return jax.nn.silu(x)
-
-
-@lower(aten.silu_backward.default, promote="default")
-def silu_backward(grad, x):
-    s = jax.nn.sigmoid(x)
-    return grad * s * (1 + x * (1 - s))
-
-
-@lower(aten.sigmoid_backward.default, promote="default")
-def sigmoid_backward(grad, y):
-    return grad * y * (1 - y)
-
-
-@lower(aten.tanh_backward.default, promote="default")
-def tanh_backward(grad, y):
-    return grad * (1 - y * y)
-
-
-@lower(aten.threshold_backward.default, promote="default", operands=("grad_output", "self"))
-def threshold_backward(grad, x, threshold):
-    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
-
-
-@lower(aten.threshold.default, promote="default")
-def threshold(x, threshold, value):
-    return jnp.where(x <= threshold, value, x)
-
-
-@lower(aten.leaky_relu.default, promote="default")
-def leaky_relu(x, negative_slope=0.01):
-    return jnp.where(x > 0, x, x * negative_slope)
-
-
-@lower(aten.leaky_relu_backward.default, promote="default",
-       operands=("grad_output", "self", "negative_slope"))
-def leaky_relu_backward(grad, x, negative_slope, self_is_result):
-    return jnp.where(x > 0, grad, grad * negative_slope)
-
-
-@lower(aten.elu.default, promote="default")
-def elu(x, alpha=1, scale=1, input_scale=1):
-    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
-
-
-@lower(aten.hardtanh.default, promote="default")
-def hardtanh(x, min_val=-1, max_val=1):
-    return jnp.clip(x, min_val, max_val)
-
-
-@lower(aten.hardtanh_backward.default, promote="default",
-       operands=("grad_output", "self", "min_val", "max_val"))
-def hardtanh_backward(grad, x, min_val, max_val):
-    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros((), grad.dtype), grad)
-
-
-@lower(aten.softplus.default, promote="default")
-def softplus(x, beta=1, threshold=20):
-    bx = x * beta
-    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
-
-
-@lower(aten.hardsigmoid.default, promote="default")
-def hardsigmoid(x):
-    return jnp.clip(x / 6 + 0.5, 0, 1)
-
-
-@lower(aten.hardswish.default, promote="default")
-def hardswish(x):
-    return x * jnp.clip(x / 6 + 0.5, 0, 1)
-
-
-@lower(aten.mish.default, promote="default")
-def mish(x):
-    return x * jnp.tanh(jax.nn.softplus(x))

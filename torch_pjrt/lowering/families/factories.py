@@ -69,6 +69,12 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return jnp.full(out.shape, fill_value, out.dtype)
 
 
+# Backward formulas ask for "efficient" zero tensors; on pjrt they are plain zeros.
+@lower(aten._efficientzerotensor.default)
+def efficient_zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, meta):
+    return jnp.zeros(meta[0].shape, meta[0].dtype)
+
+
 @lower(aten.scalar_tensor.default)
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None, meta):
     return jnp.asarray(s, meta[0].dtype)

@@ -1,11 +1,27 @@
-"""Matrix products: mm, bmm, addmm, baddbmm, mv, dot and friends."""
+"""Linear algebra: matrix products, and the factorizations and solvers behind torch.linalg.
+
+Factorizations follow LAPACK's conventions as PyTorch exposes them: pivots are
+1-based row swaps (int32), `info` is 0 or the 1-based index where the
+factorization broke down, and an error raised by `check_errors=True` is a
+device-side check (reported at the next synchronization).
+
+PyTorch factors A^T instead of A for a real contiguous A in `_linalg_solve_ex`,
+`_linalg_det` and `_linalg_slogdet` (the returned LU and pivots are those of
+A^T), and its backward formulas decide the same way from A's strides. A
+lowering sees the values of A but not its strides, so it assumes the common
+case, a contiguous A.
+"""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from jax._src.lax.linalg import geqrf as _geqrf  # not re-exported by jax.lax.linalg
+from jax.lax import linalg as lax_linalg
 
+from .. import checks
 from ..registry import lower
 from ._ops import aten
 
@@ -21,9 +37,22 @@ def precision():
     return _PRECISION[torch.get_float32_matmul_precision()]
 
 
+def _is_int(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+
+
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+# ------------------------------------------------------------------ products
 def matmul(a, b):
-    """a @ b in the operands' dtype, accumulated in at least float32."""
+    """a @ b in the operands' dtype: float16/bfloat16 accumulate in float32, integers
+    in their own type (wrapping like PyTorch's CPU kernel)."""
     out = a.dtype
+    if out == jnp.bool_:
+        # bool matmul: any(a & b) along the contraction.
+        return jnp.matmul(a.astype(jnp.int32), b.astype(jnp.int32)) != 0
     acc = jnp.float32 if out in (jnp.bfloat16, jnp.float16) else None
     return jnp.matmul(a, b, precision=precision(), preferred_element_type=acc).astype(out)
 
@@ -38,27 +67,374 @@ def vdot(a, b):
     return matmul(jnp.conj(a), b)
 
 
-@lower(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, promote="default",
-       static=("beta", "alpha"))
-def addmm(bias, a, b, *, beta=1, alpha=1):
-    prod = matmul(a, b)
-    if not isinstance(alpha, int) or alpha != 1:
+@lower(aten._int_mm.default)
+def int_mm(a, b):
+    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
+
+
+def _scaled_sum(bias, prod, beta, alpha):
+    """beta * bias + alpha * prod; a zero beta ignores bias (even NaN), as PyTorch does."""
+    if prod.dtype == jnp.bool_:
+        prod = prod & bool(alpha)
+        return prod if not beta else prod | (bias.astype(bool) & bool(beta))
+    skip_bias = beta == 0
+    if _is_int(prod):  # the scalars are cast to the integer type (truncated)
+        alpha, beta = int(alpha.real if isinstance(alpha, complex) else alpha), \
+            int(beta.real if isinstance(beta, complex) else beta)
+    if alpha != 1:
         prod = prod * alpha
-    if isinstance(beta, int) and beta == 0:
-        return prod  # PyTorch ignores bias (even NaN) when beta is 0
-    if not isinstance(beta, int) or beta != 1:
+    if skip_bias:
+        return prod
+    if beta != 1:
         bias = bias * beta
     return bias + prod
 
 
-@lower(aten.addbmm.default, promote="default", static=("beta", "alpha"))
+# alpha and beta are static (a zero beta changes the program) and stay out of promotion.
+@lower(aten.addmm.default, promote="default", static=("beta", "alpha"),
+       operands=("self", "mat1", "mat2"))
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    return _scaled_sum(bias, matmul(a, b), beta, alpha)
+
+
+@lower(aten.baddbmm.default, promote="default", static=("beta", "alpha"),
+       operands=("self", "batch1", "batch2"))
+def baddbmm(bias, a, b, *, beta=1, alpha=1):
+    return _scaled_sum(bias, matmul(a, b), beta, alpha)
+
+
+@lower(aten.addmv.default, promote="default", static=("beta", "alpha"),
+       operands=("self", "mat", "vec"))
+def addmv(bias, a, b, *, beta=1, alpha=1):
+    return _scaled_sum(bias, matmul(a, b), beta, alpha)
+
+
+@lower(aten.addbmm.default, promote="default", static=("beta", "alpha"),
+       operands=("self", "batch1", "batch2"))
 def addbmm(bias, a, b, *, beta=1, alpha=1):
-    prod = jnp.sum(matmul(a, b), axis=0) * alpha
-    if isinstance(beta, int) and beta == 0:
-        return prod
-    return bias * beta + prod
+    prod = matmul(a, b)
+    prod = jnp.any(prod, axis=0) if prod.dtype == jnp.bool_ else jnp.sum(prod, axis=0)
+    return _scaled_sum(bias, prod, beta, alpha)
 
 
-@lower(aten.outer.default, promote="default")
-def outer(a, b):
-    return a[:, None] * b[None, :]
+@lower(aten.addr.default, promote="default", static=("beta", "alpha"),
+       operands=("self", "vec1", "vec2"))
+def addr(bias, vec1, vec2, *, beta=1, alpha=1):
+    return _scaled_sum(bias, vec1[:, None] * vec2[None, :], beta, alpha)
+
+
+@lower(aten.trace.default)
+def trace(x):
+    d = jnp.diagonal(x)
+    return jnp.sum(d.astype(jnp.int64) if _is_int(x) else d)
+
+
+@lower(aten.linalg_cross.default, promote="default")
+def linalg_cross(a, b, *, dim=-1):
+    a, b = jnp.broadcast_arrays(a, b)
+    return jnp.cross(a, b, axis=dim)
+
+
+# ------------------------------------------------------------------ helpers
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x)) if _is_complex(x) else _mT(x)
+
+
+def _broadcast_batch(a, b):
+    """a and b with their batch dimensions (all but the last two) broadcast together."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return (jnp.broadcast_to(a, batch + a.shape[-2:]),
+            jnp.broadcast_to(b, batch + b.shape[-2:]))
+
+
+def _first_failure(bad):
+    """LAPACK's info: the 1-based index of the first True along the last axis, else 0."""
+    n = bad.shape[-1]
+    if n == 0:
+        return jnp.zeros(bad.shape[:-1], jnp.int32)
+    first = jnp.argmax(bad, axis=-1).astype(jnp.int32) + 1
+    return jnp.where(jnp.any(bad, axis=-1), first, 0)
+
+
+def _check_info(info, op: str, message: str) -> None:
+    checks.require(info == 0, torch.linalg.LinAlgError, f"{op}: {message}")
+
+
+def _lu(a):
+    """(LU, 1-based int32 pivots, permutation, info) with partial pivoting."""
+    lu, pivots, perm = lax_linalg.lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    return lu, pivots.astype(jnp.int32) + 1, perm, _first_failure(diag == 0)
+
+
+def _perm_from_pivots(pivots, m):
+    """The row permutation (0-based) that LAPACK's sequential 1-based swaps describe."""
+    return lax_linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+
+
+def _apply_rows(perm, b):
+    """b[..., perm, :] with a batched permutation."""
+    return jnp.take_along_axis(b, perm[..., :, None], axis=-2)
+
+
+def _unit_lower(lu, k):
+    m = lu.shape[-2]
+    lower = jnp.tril(lu[..., :, :k], -1)
+    return lower + jnp.eye(m, k, dtype=lu.dtype)
+
+
+def _lu_solve(lu, perm, b, adjoint):
+    """Solve A x = b (or A^H x = b) from A[perm] = L U; b has a matrix on the right."""
+    lu, b = _broadcast_batch(lu, b)
+    perm = jnp.broadcast_to(perm, lu.shape[:-1])
+    solve = lax_linalg.triangular_solve
+    if not adjoint:
+        y = _apply_rows(perm, b)
+        y = solve(lu, y, left_side=True, lower=True, unit_diagonal=True)
+        return solve(lu, y, left_side=True, lower=False)
+    y = solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    y = solve(lu, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True,
+              unit_diagonal=True)
+    inverse = jnp.argsort(perm, axis=-1)
+    return _apply_rows(inverse, y)
+
+
+# ------------------------------------------------------------------ LU family
+@lower(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
+    lu, pivots, _, info = _lu(a)
+    if check_errors:
+        _check_info(info, "torch.linalg.lu_factor_ex", "The factorization could not be "
+                    "completed because the input matrix is singular.")
+    return lu, pivots, info
+
+
+@lower(aten.linalg_lu.default)
+def linalg_lu(a, *, pivot=True):
+    lu, _, perm, _ = _lu(a)
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    p = jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=a.dtype), -1, -2)
+    return p, _unit_lower(lu, k), jnp.triu(lu[..., :k, :])
+
+
+@lower(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    empty = jnp.zeros((0,), lu.dtype)
+    if unpack_pivots:
+        perm = _perm_from_pivots(pivots, m)
+        p = jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=lu.dtype), -1, -2)
+    else:
+        p = empty
+    if not unpack_data:
+        return p, empty, empty
+    return p, _unit_lower(lu, k), jnp.triu(lu[..., :k, :])
+
+
+@lower(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    perm = _perm_from_pivots(pivots, lu.shape[-1])
+    if left:
+        return _lu_solve(lu, perm, b, adjoint)
+    # X A = B  <=>  A^H X^H = B^H
+    return _mH(_lu_solve(lu, perm, _mH(b), not adjoint))
+
+
+def _vector_rhs(a, b) -> bool:
+    return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+@lower(aten._linalg_solve_ex.default)
+def linalg_solve_ex(a, b, *, left=True, check_errors=False):
+    use_a_t = not _is_complex(a)  # PyTorch's choice for a contiguous A (see the docstring)
+    lu, pivots, perm, info = _lu(_mT(a) if use_a_t else a)
+    if check_errors:
+        _check_info(info, "torch.linalg.solve_ex", "The solver failed because the input "
+                    "matrix is singular.")
+    vector = _vector_rhs(a, b)
+    rhs = b[..., None] if vector else b
+    if left:
+        x = _lu_solve(lu, perm, rhs, use_a_t)
+    else:
+        x = _mH(_lu_solve(lu, perm, _mH(rhs), not use_a_t))
+    return (x[..., 0] if vector else x), lu, pivots, info
+
+
+@lower(aten.linalg_inv_ex.default)
+def linalg_inv_ex(a, *, check_errors=False):
+    lu, _, perm, info = _lu(a)
+    if check_errors:
+        _check_info(info, "torch.linalg.inv_ex", "The diagonal element "
+                    "of the LU factorization is zero, the inversion could not be completed "
+                    "because the input matrix is singular.")
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return _lu_solve(lu, perm, eye, False), info
+
+
+def _perm_sign(pivots):
+    k = pivots.shape[-1]
+    swaps = jnp.sum(pivots != jnp.arange(1, k + 1, dtype=pivots.dtype), axis=-1)
+    return 1 - 2 * (swaps % 2)
+
+
+@lower(aten._linalg_det.default)
+def linalg_det(a):
+    use_a_t = not _is_complex(a)
+    lu, pivots, _, _ = _lu(_mT(a) if use_a_t else a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    det = jnp.prod(diag, axis=-1) * _perm_sign(pivots).astype(a.dtype)
+    return det, lu, pivots
+
+
+@lower(aten._linalg_slogdet.default)
+def linalg_slogdet(a):
+    use_a_t = not _is_complex(a)
+    lu, pivots, _, _ = _lu(_mT(a) if use_a_t else a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    absdiag = jnp.abs(diag)
+    unit = jnp.where(absdiag == 0, 0, diag / jnp.where(absdiag == 0, 1, absdiag).astype(a.dtype))
+    sign = jnp.prod(unit, axis=-1) * _perm_sign(pivots).astype(a.dtype)
+    return sign, jnp.sum(jnp.log(absdiag), axis=-1), lu, pivots
+
+
+# ------------------------------------------------------------------ Cholesky
+def _cholesky_lower(a):
+    """The lower Cholesky factor from A's lower triangle (as LAPACK's potrf), and info."""
+    chol = lax_linalg.cholesky(a, symmetrize_input=False)
+    diag = jnp.diagonal(chol, axis1=-2, axis2=-1)
+    return jnp.tril(chol), _first_failure(~jnp.isfinite(jnp.real(diag)))
+
+
+@lower(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
+    # upper=True factors A = U^H U from A's upper triangle, i.e. (the lower factor of A^H)^H.
+    lower_factor, info = _cholesky_lower(_mH(a) if upper else a)
+    if check_errors:
+        _check_info(info, "torch.linalg.cholesky_ex", "The factorization could not be "
+                    "completed because the input is not positive-definite.")
+    return (_mH(lower_factor) if upper else lower_factor), info
+
+
+@lower(aten.cholesky.default)
+def cholesky(a, upper=False):
+    lower_factor, info = _cholesky_lower(_mH(a) if upper else a)
+    _check_info(info, "cholesky", "The factorization could not be completed because the "
+                "input is not positive-definite.")
+    return _mH(lower_factor) if upper else lower_factor
+
+
+@lower(aten._cholesky_solve_helper.default)
+def cholesky_solve_helper(b, factor, upper):
+    factor, b = _broadcast_batch(factor, b)
+    solve = lax_linalg.triangular_solve
+    if upper:  # A = U^H U
+        y = solve(factor, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+        return solve(factor, y, left_side=True, lower=False)
+    y = solve(factor, b, left_side=True, lower=True)
+    return solve(factor, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
+
+
+@lower(aten.cholesky_inverse.default)
+def cholesky_inverse(factor, upper=False):
+    eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return cholesky_solve_helper(eye, factor, upper)
+
+
+# ------------------------------------------------------------------ triangular
+@lower(aten.triangular_solve.default)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    a, b = _broadcast_batch(a, b)
+    x = lax_linalg.triangular_solve(a, b, left_side=True, lower=not upper,
+                                    transpose_a=transpose, unit_diagonal=unitriangular)
+    return x, a
+
+
+@lower(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    a, b = _broadcast_batch(a, b)
+    return lax_linalg.triangular_solve(a, b, left_side=left, lower=not upper,
+                                       unit_diagonal=unitriangular)
+
+
+# ------------------------------------------------------------------ QR, Householder
+@lower(aten.linalg_qr.default)
+def linalg_qr(a, mode="reduced"):
+    q, r = lax_linalg.qr(a, full_matrices=mode == "complete")
+    if mode == "r":
+        return jnp.zeros((0,), a.dtype), r
+    return q, r
+
+
+def _geqrf_meta(a):
+    m, n = a.shape[-2:]
+    return torch.empty_like(a), a.new_empty((*a.shape[:-2], min(m, n)))
+
+
+def _register_missing_meta() -> None:
+    """PyTorch has no meta kernel for geqrf; the executor needs one."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::geqrf", "Meta"):
+        lib = torch.library.Library("aten", "IMPL", "Meta")
+        lib.impl("geqrf", _geqrf_meta)
+        _meta_libs.append(lib)
+
+
+_meta_libs: list = []
+_register_missing_meta()
+
+
+@lower(aten.geqrf.default)
+def geqrf(a):
+    return _geqrf(a)  # LAPACK's compact form: reflectors below the diagonal, and tau
+
+
+@lower(aten.linalg_householder_product.default)
+def householder_product(a, tau):
+    return lax_linalg.householder_product(a, tau)
+
+
+@lower(aten.ormqr.default)
+def ormqr(a, tau, c, left=True, transpose=False):
+    return lax_linalg.ormqr(a, tau, c, left=left, transpose=transpose)
+
+
+# ------------------------------------------------------------------ spectral
+@lower(aten._linalg_svd.default)
+def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
+    if not compute_uv:
+        s = lax_linalg.svd(a, full_matrices=False, compute_uv=False)
+        empty = jnp.zeros((0,), a.dtype)
+        return empty, s, empty
+    u, s, vh = lax_linalg.svd(a, full_matrices=full_matrices, compute_uv=True)
+    return u, s, vh
+
+
+@lower(aten._linalg_eigh.default)
+def linalg_eigh(a, UPLO="L", compute_v=True):
+    v, w = lax_linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
+    return w, (v if compute_v else jnp.zeros((0,), a.dtype))
+
+
+@lower(aten.linalg_eig.default)
+def linalg_eig(a):
+    """Eigen-decomposition of a general matrix (XLA has it on the CPU only)."""
+    w, v = lax_linalg.eig(a, compute_left_eigenvectors=False)
+    return w, v
+
+
+@lower(aten._linalg_eigvals.default)
+def linalg_eigvals(a):
+    w, = lax_linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=False)
+    return w
+
+
+@lower(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    import jax.scipy.linalg as jsl
+
+    return jsl.expm(a)

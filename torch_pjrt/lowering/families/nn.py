@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ...storage import dtypes
 from ..registry import lower
 from ._ops import aten
 
@@ -32,13 +33,16 @@ def log_softmax(x, dim, half_to_float):
 @lower(aten._softmax_backward_data.default)
 def softmax_backward(grad, out, dim, input_dtype):
     g, y = _upcast(grad), _upcast(out)
-    return y * (g - jnp.sum(g * y, axis=dim, keepdims=True))
+    axis = dim if y.ndim else None  # a 0-d softmax is over its one element
+    return (y * (g - jnp.sum(g * y, axis=axis, keepdims=True))).astype(dtypes.to_jax(input_dtype))
 
 
 @lower(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad, out, dim, input_dtype):
     g, y = _upcast(grad), _upcast(out)
-    return g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
+    axis = dim if y.ndim else None
+    dx = g - jnp.exp(y) * jnp.sum(g, axis=axis, keepdims=True)
+    return dx.astype(dtypes.to_jax(input_dtype))
 
 
 def _norm_axes(x, normalized_shape):
