@@ -128,7 +128,8 @@ def load(name: str, device: int):
         compiled = deserialize_and_load(*serialized,
                                         execution_devices=[client.device(device)])
     except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
-        counters.count("disk_cache_corrupt")
+        counters.count("disk_cache_corrupt")  # and a miss: it is compiled again
+        counters.count("disk_cache_misses")
         _remove(path)
         return None
     counters.count("disk_cache_hits")
