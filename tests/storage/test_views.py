@@ -131,3 +131,21 @@ def test_copy_broadcasts_source():
     d = torch.zeros(3, 4, device="pjrt")
     d.copy_(torch.arange(4.0))
     torch.testing.assert_close(d.cpu(), torch.arange(4.0).expand(3, 4))
+
+
+def test_conjugate_and_negative_views_read_and_write_through():
+    """x.conj() of a complex tensor and imag of it are lazy (a bit, not a copy): every op
+    that reads them, copies them or writes through them sees the conjugated values."""
+    c = torch.randn(3, 4, dtype=torch.complex64)
+    d = c.to("pjrt")
+    assert d.conj().is_conj() and d.conj().imag.is_neg()
+    assert_same(d.conj(), c.conj())
+    assert_same(d.conj() * 2 + 1, c.conj() * 2 + 1)
+    assert_same(d.conj() @ d.mT, c.conj() @ c.mT)  # mm takes conjugate inputs as they are
+    assert_same(d.conj().imag * 1, c.conj().imag * 1)
+    assert_same(torch._neg_view(d.real) + 0, torch._neg_view(c.real) + 0)
+    c.conj().add_(1j)
+    d.conj().add_(1j)
+    assert_same(d, c)
+    x = torch.randn(6)
+    assert_same(torch.fft.ifft(x.to("pjrt")), torch.fft.ifft(x))  # conj(r2c) inside

@@ -75,7 +75,8 @@ class Entry:
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
-        self.targets: list[tuple] = []  # (buf, dtype, shape, stride, offset) of each written view
+        # (buf, dtype, shape, stride, offset, view flags) of each written view
+        self.targets: list[tuple] = []
         self.written: tuple[int, ...] = ()  # storage buffers the program returns, in order
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
@@ -116,7 +117,8 @@ class _Call:
         self.device: int | None = None
 
     def tensor_part(self, t) -> tuple:
-        """(buffer, dtype, shape, stride, offset, storage numel, storage dtype, uninitialized)."""
+        """(buffer, dtype, shape, stride, offset, storage numel, storage dtype, uninitialized,
+        view flags: 1 conjugate bit, 2 negative bit)."""
         try:
             ptr = t.untyped_storage().data_ptr()
         except AttributeError:  # a Python number PyTorch wrapped as a tensor
@@ -138,7 +140,7 @@ class _Call:
         else:
             rec = self.recs[idx]
         return (idx, t.dtype, t.shape, t.stride(), t.storage_offset(), rec.numel,
-                rec.dtype, rec.value is None)
+                rec.dtype, rec.value is None, t.is_conj() + 2 * t.is_neg())
 
     def _other_tensor(self, t: torch.Tensor) -> table.StorageRecord | None:
         """A tensor whose storage is not in the table: foreign pjrt, CPU scalar, or an error."""
@@ -174,7 +176,7 @@ def _key(call: _Call) -> tuple:
             idx = bufidx[ptr] = len(call.recs)
             call.recs.append(rec)
             parts.append((idx, v.dtype, v.shape, v.stride(), v.storage_offset(), rec.numel,
-                          rec.dtype, rec.value is None))
+                          rec.dtype, rec.value is None, v.is_conj() + 2 * v.is_neg()))
         elif kind == SCALAR:
             if a.name in spec.static_scalars or (v == a.default and type(v) is type(a.default)):
                 parts.append(("s", v))
@@ -446,7 +448,7 @@ def _compile(call: _Call, key: tuple) -> Entry:
     for pos in spec.mutated:
         part = key[1 + pos]
         parts = part if spec.args[pos].kind in (TENSOR_LIST, OPT_TENSOR_LIST) else (part,)
-        entry.targets.extend(p[:5] for p in parts)
+        entry.targets.extend(p[:5] + p[8:9] for p in parts)
     entry.written = tuple(dict.fromkeys(t[0] for t in entry.targets))
     # Donate a written storage's old buffer when the new one can reuse it (same dtype).
     entry.donate = tuple(
@@ -605,7 +607,8 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
             if part[0] == "num":
                 return next(dyn_iter)
             idx, dtype, shape, stride, offset = part[:5]
-            return views.read(bufs[idx], shape, stride, offset, dtypes.to_jax(dtype))
+            return _resolve_flags(views.read(bufs[idx], shape, stride, offset,
+                                             dtypes.to_jax(dtype)), part[8])
 
         values = []
         for a, part in zip(spec.args, arg_parts):
@@ -638,13 +641,25 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
                 f"{n_targets} written + {len(out_specs)} new")
         outs = [_layout(v, *o) for v, o in zip(fresh_vals, out_specs) if o is not None]
         new_bufs = {}
-        for (buf, dtype, shape, stride, offset), val in zip(entry.targets, target_vals):
-            val = apply.broadcast_cast(val, shape, dtypes.to_jax(dtype))
+        for (buf, dtype, shape, stride, offset, view_flags), val in zip(entry.targets,
+                                                                         target_vals):
+            val = _resolve_flags(apply.broadcast_cast(val, shape, dtypes.to_jax(dtype)),
+                                 view_flags)  # an involution: stored as the view reads it
             new_bufs[buf] = views.write(new_bufs.get(buf, bufs[buf]), val, shape, stride, offset)
         flags = (jnp.stack([bad for bad, _, _ in collected.checks]),) if entry.checks else ()
         return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
 
     return trace
+
+
+def _resolve_flags(x, flags: int):
+    """A view's values from its storage's: PyTorch's lazy conjugate and negative views
+    (`x.conj()` of a complex tensor, `_neg_view`) set a bit instead of copying."""
+    if flags & 1:
+        x = jnp.conj(x)
+    if flags & 2:
+        x = -x
+    return x
 
 
 def _unhashable(v):
