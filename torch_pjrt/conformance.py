@@ -62,7 +62,9 @@ _TOLERANCE_TESTS = frozenset({
 
 # Ops whose results are imprecise beyond what their OpInfo says: long float32
 # accumulations whose order XLA chooses (atol, rtol).
-RELAXED_TOLERANCE: dict[str, tuple[float, float]] = {}
+RELAXED_TOLERANCE: dict[str, tuple[float, float]] = {
+    "fft.hfft2": (3e-5, 1.3e-6),  # sums of 360 terms of magnitude ~10: 1.3e-5 apart
+}
 
 # Sample arguments that PyTorch requires on the CPU: positions in sample.args
 # left there when the rest of the sample moves to pjrt.

@@ -38,8 +38,6 @@ KNOWN_FAILING: dict[str, str] = {
         "the test's addmv bias has the wrong size: the CPU raises first (a test bug)",
     "test_linalg.py::test_cholesky_info_and_check_errors":
         "cholesky_ex info is 1 where LAPACK reports the failing minor's order (2)",
-    "test_linalg.py::test_solve_and_det_gradients":
-        "wrong gradient of linalg.solve (its backward's lu_solve on pjrt's LU and pivots)",
 }
 
 

@@ -73,17 +73,22 @@ def _along(index, x_shape, dim):
 
 @lower(aten.gather.default)
 def gather(x, dim, index, *, sparse_grad=False):
+    if index.size == 0:  # PyTorch skips the shape checks of an empty index
+        return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
-        return x.reshape(index.shape) if index.size else jnp.zeros(index.shape, x.dtype)
+        return x.reshape(index.shape)
     dim = dim % x.ndim
     i = _check_gather_index(index.astype(jnp.int64), x.shape[dim], dim)
     return x[_along(i, x.shape, dim)]
 
 
 def _scatter(x, dim, index, src, mode):
+    if index.size == 0:
+        return x
     if x.ndim == 0:
         src = jnp.broadcast_to(src, index.shape).reshape(-1)[:1].reshape(())
-        return {"set": src, "add": x + src, "multiply": x * src}[mode] if index.size else x
+        return {"set": src, "add": x + src, "multiply": x * src, "amax": jnp.maximum(x, src),
+                "amin": jnp.minimum(x, src)}[mode]
     dim = dim % x.ndim
     i = _check_gather_index(index.astype(jnp.int64), x.shape[dim], dim)
     src = jnp.broadcast_to(src, index.shape) if jnp.ndim(src) == 0 else \

@@ -5,9 +5,9 @@ Factorizations follow LAPACK's conventions as PyTorch exposes them: pivots are
 factorization broke down, and an error raised by `check_errors=True` is a
 device-side check (reported at the next synchronization).
 
-PyTorch factors A^T instead of A for a real contiguous A in `_linalg_solve_ex`,
-`_linalg_det` and `_linalg_slogdet` (the returned LU and pivots are those of
-A^T), and its backward formulas decide the same way from A's strides. A
+PyTorch factors A^T instead of A for a real contiguous A in `_linalg_det` and
+`_linalg_slogdet` (the returned LU and pivots are those of A^T; `_linalg_solve_ex`
+factors A itself), and its backward formulas decide the same way from A's strides. A
 lowering sees the values of A but not its strides, so it assumes the common
 case, a contiguous A.
 """
@@ -252,7 +252,7 @@ def _vector_rhs(a, b) -> bool:
 
 @lower(aten._linalg_solve_ex.default)
 def linalg_solve_ex(a, b, *, left=True, check_errors=False):
-    use_a_t = not _is_complex(a)  # PyTorch's choice for a contiguous A (see the docstring)
+    use_a_t = False  # unlike det/slogdet, torch 2.13 factors A itself here
     lu, pivots, perm, info = _lu(_mT(a) if use_a_t else a)
     if check_errors:
         _check_info(info, "torch.linalg.solve_ex", "The solver failed because the input "
