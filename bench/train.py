@@ -93,6 +93,9 @@ def available(names: list[str]) -> list[str]:
 
 def bench_config(key: str, names: list[str], steps: int, warmup: int, chunk: int) -> dict:
     cfg, batch = CONFIGS[key]
+    import torch._dynamo
+
+    torch._dynamo.reset()  # each config is its own program: no dynamic-shape recompiles
     torch.manual_seed(0)
     model = GPT(cfg)
     gen = torch.Generator().manual_seed(0)

@@ -188,3 +188,26 @@ def test_whole_training_step_compiled():
             cpu_step(x, y).item(), rel=1e-5)
     m = torch_pjrt.metrics()
     assert m["compiled_graphs"] >= 2 and m["cpu_fallbacks"] == {}
+
+
+def test_training_at_a_second_shape_stays_compiled():
+    """A new shape makes Dynamo trace symbolic graphs whose forward returns sizes for the
+    backward: they are computed on the host, and no graph falls back to eager."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab=64, seq_len=16, layers=1, d_model=32, heads=2)
+    model = GPT(cfg)
+    dev = copy.deepcopy(model).to("pjrt")
+    fn = torch.compile(dev, backend="pjrt")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager fallback warns
+        for batch, seq in [(4, 16), (2, 8), (3, 12)]:
+            x = torch.randint(0, cfg.vocab, (batch, seq))
+            expected = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+            loss = F.cross_entropy(fn(x.to("pjrt")).flatten(0, 1), x.flatten().to("pjrt"))
+            loss.backward()
+            expected.backward()
+            torch.testing.assert_close(loss.cpu(), expected, atol=1e-5, rtol=1e-5)
+    for p, q in zip(dev.parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4)

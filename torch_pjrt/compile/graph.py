@@ -226,6 +226,10 @@ class CompiledGraph:
             elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor):
                 self.sources.append(("computed",))
                 computed.append(r)
+            elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"),
+                                                             (int, torch.SymInt)):
+                # a size the backward needs (symbolic graphs): computed on the host per call
+                self.sources.append(("size", r.meta["val"]))
             else:
                 raise Unsupported(f"graph output {r!r} that is not a tensor")
         fn, random = _interpreter(gm, placeholders, computed, mutations)
@@ -275,6 +279,7 @@ class CompiledGraph:
 
         _impl.impl(name, dispatch.executor_kernel(self.op))
         self.n_inputs = len(placeholders)
+        self.placeholder_metas = placeholder_metas
         self.symbolic = any(_is_symbolic(m) for m in placeholder_metas)
         self._boxed_call = True  # AOTAutograd: __call__ takes the boxed list (kept by wraps)
 
@@ -286,6 +291,7 @@ class CompiledGraph:
         g = self.groups
         outs = iter(self.op([args[i] for i in g["mutated"]], [args[i] for i in g["tensors"]],
                             [args[i] for i in g["ints"]], [args[i] for i in g["scalars"]]))
-        result = [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input" else None
-                  for s in self.sources]
-        return result
+        sizes = bind(self.placeholder_metas, args) if self.symbolic else {}
+        return [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input"
+                else concrete((s[1],), sizes)[0] if s[0] == "size" else None
+                for s in self.sources]
