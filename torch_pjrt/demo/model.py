@@ -82,12 +82,30 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, n: int, temperature: float = 0.8,
-                 top_k: int = 20) -> torch.Tensor:
+                 top_k: int = 20, on_token=None) -> torch.Tensor:
+        """`n` more tokens after `idx`. The model always sees a [B, seq_len] window (tokens
+        at the front, the next position chosen by an index tensor), so every step has the
+        same shapes: a compiler or fused eager compiles the step once, not once per length.
+        Causal attention makes the unused tail of the window irrelevant. `on_token(t)` sees
+        each new [B, 1] token as it is drawn (e.g. to stream it)."""
+        b, length = idx.shape
+        size = self.cfg.seq_len
+        filled = min(length, size)
+        window = torch.zeros(b, size, dtype=idx.dtype, device=idx.device)
+        window[:, :filled] = idx[:, -filled:]
+        new = []
         for _ in range(n):
-            ctx = idx[:, -self.cfg.seq_len:]
-            logits = self(ctx)[:, -1, :] / temperature
+            last = torch.tensor([filled - 1], device=idx.device)
+            logits = self(window).index_select(1, last)[:, 0, :] / temperature
             kth = torch.topk(logits, top_k).values[:, -1:]
             logits = logits.masked_fill(logits < kth, -math.inf)
             nxt = torch.multinomial(F.softmax(logits, dim=-1), 1)
-            idx = torch.cat([idx, nxt], dim=1)
-        return idx
+            if filled < size:
+                window = window.index_copy(1, last + 1, nxt)
+                filled += 1
+            else:
+                window = torch.cat([window[:, 1:], nxt], dim=1)
+            new.append(nxt)
+            if on_token is not None:
+                on_token(nxt)
+        return torch.cat([idx, *new], dim=1)

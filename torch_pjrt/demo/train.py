@@ -135,8 +135,9 @@ def run(args) -> int:
     losses = train(model, train_data, cfg, args, device, progress=True)
     val_after = evaluate(model, val_data, cfg, device)
     prompt = torch.tensor([list(b"def ")], dtype=torch.long, device=device)
-    sample = bytes(model.generate(prompt, args.sample_bytes)[0].tolist()).decode(
-        "utf-8", errors="replace")
+    drawn: list[int] = []  # streamed as they are drawn, as a chat UI would
+    model.generate(prompt, args.sample_bytes, on_token=lambda t: drawn.append(int(t[0, 0])))
+    sample = bytes(list(b"def ") + drawn).decode("utf-8", errors="replace")
     if device.startswith("pjrt"):
         torch.pjrt.synchronize()
     total = time.perf_counter() - start
