@@ -27,7 +27,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _seed():
+    """Each test starts from seed 0 and zeroed metrics (tests assert on fallback and
+    compile counts, which must not carry over from earlier tests in the process)."""
     torch.manual_seed(0)
+    torch_pjrt.counters.reset()
     yield
 
 
