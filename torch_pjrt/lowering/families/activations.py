@@ -15,40 +15,32 @@ import jax.scipy.special as jsp
 import numpy as np
 
 from ..registry import lower
-from ._ops import aten
-
-
-def _zero(x):
-    return jnp.zeros((), x.dtype)
-
-
-def _const(value, x):
-    return jnp.asarray(value, x.dtype)
+from ._ops import aten, const, zero
 
 
 @lower(aten.relu.default, promote="default")
 def relu(x):
-    return jnp.maximum(x, _zero(x))  # NaN stays NaN
+    return jnp.maximum(x, zero(x))  # NaN stays NaN
 
 
 @lower(aten.gelu.default, promote="default")
 def gelu(x, *, approximate="none"):
     if approximate == "tanh":
-        inner = _const(math.sqrt(2 / math.pi), x) * (x + _const(0.044715, x) * x * x * x)
+        inner = const(math.sqrt(2 / math.pi), x) * (x + const(0.044715, x) * x * x * x)
         return 0.5 * x * (1 + jnp.tanh(inner))
-    return x * 0.5 * (1 + jsp.erf(x * _const(math.sqrt(0.5), x)))
+    return x * 0.5 * (1 + jsp.erf(x * const(math.sqrt(0.5), x)))
 
 
 @lower(aten.gelu_backward.default, promote="default")
 def gelu_backward(grad, x, *, approximate="none"):
     if approximate == "tanh":
-        beta, kappa = _const(math.sqrt(2 / math.pi), x), _const(0.044715, x)
+        beta, kappa = const(math.sqrt(2 / math.pi), x), const(0.044715, x)
         t = jnp.tanh(beta * (x + kappa * x * x * x))
         left_derivative = 0.5 * (1 + t)
         right_derivative = 0.5 * x * (1 - t * t) * beta * (1 + 3 * kappa * x * x)
         return grad * (left_derivative + right_derivative)
-    cdf = 0.5 * (1 + jsp.erf(x * _const(math.sqrt(0.5), x)))
-    pdf = jnp.exp(-0.5 * x * x) * _const(1 / math.sqrt(2 * math.pi), x)
+    cdf = 0.5 * (1 + jsp.erf(x * const(math.sqrt(0.5), x)))
+    pdf = jnp.exp(-0.5 * x * x) * const(1 / math.sqrt(2 * math.pi), x)
     return grad * (cdf + x * pdf)
 
 
@@ -85,7 +77,7 @@ def threshold(x, threshold, value):
 
 @lower(aten.threshold_backward.default, promote="default", operands=("grad_output", "self"))
 def threshold_backward(grad, x, threshold):
-    return jnp.where(x <= threshold, _zero(grad), grad)
+    return jnp.where(x <= threshold, zero(grad), grad)
 
 
 @lower(aten.leaky_relu.default, promote="default")
@@ -104,9 +96,9 @@ def leaky_relu_backward(grad, x, negative_slope, self_is_result):
 def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, *, key):
     """Returns (the new noise, the output): noise is written in training mode only."""
     if not training:
-        slope = (_const(lower, x) + _const(upper, x)) / 2
+        slope = (const(lower, x) + const(upper, x)) / 2
         return noise, jnp.where(x > 0, x, x * slope)
-    r = jax.random.uniform(key, x.shape, x.dtype, _const(lower, x), _const(upper, x))
+    r = jax.random.uniform(key, x.shape, x.dtype, const(lower, x), const(upper, x))
     negative = x <= 0
     return jnp.where(negative, r, 1).astype(noise.dtype), jnp.where(negative, x * r, x)
 
@@ -135,7 +127,7 @@ def hardtanh(x, min_val=-1, max_val=1):
 @lower(aten.hardtanh_backward.default, promote="default",
        operands=("grad_output", "self", "min_val", "max_val"))
 def hardtanh_backward(grad, x, min_val, max_val):
-    return jnp.where((x <= min_val) | (x >= max_val), _zero(grad), grad)
+    return jnp.where((x <= min_val) | (x >= max_val), zero(grad), grad)
 
 
 @lower(aten.softplus.default, promote="default")
@@ -153,34 +145,34 @@ def softplus_backward(grad, x, beta, threshold):
 
 @lower(aten.hardsigmoid.default, promote="default")
 def hardsigmoid(x):
-    return jnp.minimum(jnp.maximum(x + 3, _zero(x)), _const(6, x)) / 6
+    return jnp.minimum(jnp.maximum(x + 3, zero(x)), const(6, x)) / 6
 
 
 @lower(aten.hardsigmoid_backward.default, promote="default")
 def hardsigmoid_backward(grad, x):
     # The CPU kernel's 1/6 is a float literal, also for float64.
-    sixth = _const(float(np.float32(1 / 6)), grad)
-    return jnp.where((x > -3) & (x < 3), grad * sixth, _zero(grad))
+    sixth = const(float(np.float32(1 / 6)), grad)
+    return jnp.where((x > -3) & (x < 3), grad * sixth, zero(grad))
 
 
 @lower(aten.hardswish.default, promote="default")
 def hardswish(x):
-    return x * jnp.minimum(jnp.maximum(x + 3, _zero(x)), _const(6, x)) / 6
+    return x * jnp.minimum(jnp.maximum(x + 3, zero(x)), const(6, x)) / 6
 
 
 @lower(aten.hardswish_backward.default, promote="default")
 def hardswish_backward(grad, x):
-    return jnp.where(x <= -3, _zero(grad), jnp.where(x < 3, grad * (x / 3 + 0.5), grad))
+    return jnp.where(x <= -3, zero(grad), jnp.where(x < 3, grad * (x / 3 + 0.5), grad))
 
 
 @lower(aten.hardshrink.default, promote="default")
 def hardshrink(x, lambd=0.5):
-    return jnp.where((x >= -lambd) & (x <= lambd), _zero(x), x)
+    return jnp.where((x >= -lambd) & (x <= lambd), zero(x), x)
 
 
 @lower(aten.hardshrink_backward.default, aten.softshrink_backward.default, promote="default")
 def shrink_backward(grad, x, lambd):
-    return jnp.where((x >= -lambd) & (x <= lambd), _zero(grad), grad)
+    return jnp.where((x >= -lambd) & (x <= lambd), zero(grad), grad)
 
 
 @lower(aten.softshrink.default, promote="default")
@@ -192,7 +184,7 @@ def softshrink(x, lambd=0.5):
 def log_sigmoid_forward(x):
     """(output, buffer): PyTorch's CPU kernel keeps exp(-|x|) as the buffer."""
     z = jnp.exp(-jnp.abs(x))
-    return jnp.minimum(x, _zero(x)) - jnp.log1p(z), z
+    return jnp.minimum(x, zero(x)) - jnp.log1p(z), z
 
 
 @lower(aten.log_sigmoid_backward.default, promote="default",
@@ -232,4 +224,4 @@ def prelu(x, weight):
 @lower(aten._prelu_kernel_backward.default, promote="default")
 def prelu_backward(grad, x, weight):
     positive = x > 0
-    return jnp.where(positive, grad, weight * grad), jnp.where(positive, _zero(x), x * grad)
+    return jnp.where(positive, grad, weight * grad), jnp.where(positive, zero(x), x * grad)

@@ -17,20 +17,7 @@ from jax import lax
 
 from .. import checks
 from ..registry import lower
-from ._ops import aten, register_each
-
-
-def _is_int(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
-
-
-def _is_complex(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.complexfloating)
-
-
-def _zero(x):
-    return jnp.zeros((), x.dtype)
-
+from ._ops import aten, is_complex, is_int, register_each, zero
 
 # --------------------------------------------------------------------- unary
 # op -> (JAX function, promotion kind)
@@ -78,7 +65,7 @@ register_each(UNARY)
 
 @lower(aten.abs.default, promote="complex_to_float")
 def abs_(x):
-    if not _is_complex(x):
+    if not is_complex(x):
         return jnp.abs(x)
     # C99: |z| is +inf when either part is infinite, even if the other is NaN.
     inf = jnp.isinf(x.real) | jnp.isinf(x.imag)
@@ -87,7 +74,7 @@ def abs_(x):
 
 @lower(aten.exp.default, promote="int_to_float")
 def exp(x):
-    if not _is_complex(x):
+    if not is_complex(x):
         return jnp.exp(x)
     # C99 special values the XLA formula gets wrong: exp(-inf + iy) is 0 for any
     # y, and exp(x + 0i) stays real for any x.
@@ -117,21 +104,21 @@ def sign(x):
 
 @lower(aten.sgn.default, promote="default")
 def sgn(x):
-    if not _is_complex(x):
+    if not is_complex(x):
         return _real_sign(x)
     r = jnp.abs(x)
     nan = jnp.full((), complex(math.nan, math.nan), x.dtype)
     safe = jnp.where(r == 0, 1, r).astype(x.real.dtype)
     unit = x / safe
-    return jnp.where(r == 0, _zero(x), jnp.where(jnp.isfinite(r), unit, nan))
+    return jnp.where(r == 0, zero(x), jnp.where(jnp.isfinite(r), unit, nan))
 
 
 @lower(aten.angle.default, promote="int_to_float")
 def angle(x):
-    if _is_complex(x):
+    if is_complex(x):
         return jnp.arctan2(x.imag, x.real)
     pi = jnp.asarray(jnp.pi, x.dtype)
-    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, pi, _zero(x)))
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, pi, zero(x)))
 
 
 @lower(aten.frac.default, promote="default")
@@ -146,7 +133,7 @@ def round_(x):
 
 @lower(aten.round.decimals, promote="default")
 def round_decimals(x, *, decimals):
-    if _is_int(x) or decimals == 0:
+    if is_int(x) or decimals == 0:
         return jnp.round(x)
     # PyTorch scales by a power of ten computed in the opmath type, and divides
     # (rather than multiplies by 10**decimals) for negative decimals.
@@ -158,9 +145,9 @@ def round_decimals(x, *, decimals):
 
 @lower(aten.nan_to_num.default, promote="default")
 def nan_to_num(x, nan=None, posinf=None, neginf=None):
-    if _is_int(x):
+    if is_int(x):
         return x
-    if _is_complex(x):
+    if is_complex(x):
         return lax.complex(nan_to_num(x.real, nan, posinf, neginf),
                            nan_to_num(x.imag, nan, posinf, neginf))
     info = jnp.finfo(x.dtype)
@@ -186,7 +173,7 @@ def logit_backward(grad, x, eps=None):
     if eps is None or eps < 0:
         return jnp.where((x < 0) | (x > 1), jnp.asarray(jnp.nan, x.dtype), grad_x)
     lo, hi = jnp.asarray(eps, x.dtype), 1 - jnp.asarray(eps, x.dtype)
-    return jnp.where((x < lo) | (x > hi), _zero(x), grad_x)
+    return jnp.where((x < lo) | (x > hi), zero(x), grad_x)
 
 
 @lower(aten.sinc.default, promote="int_to_float")
@@ -261,7 +248,7 @@ def add(x, y, alpha=1):
 @lower(aten._add_relu.Tensor, aten._add_relu.Scalar, promote="default")
 def add_relu(x, y, alpha=1):
     out = x + alpha * y
-    return jnp.where(out > 0, out, _zero(out))
+    return jnp.where(out > 0, out, zero(out))
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar, promote="default")
@@ -281,7 +268,7 @@ def _nonzero_divisor(y) -> None:
 
 def _div_floor(x, y):
     """Floor division as PyTorch's CPU kernel: Python's rule for ints, fmod-based for floats."""
-    if _is_int(x):
+    if is_int(x):
         _nonzero_divisor(y)
         safe = jnp.where(y == 0, jnp.ones((), y.dtype), y)
         return jnp.floor_divide(x, safe)
@@ -290,12 +277,12 @@ def _div_floor(x, y):
     div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
     floordiv = jnp.floor(div)
     floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
-    floordiv = jnp.where(div == 0, jnp.copysign(_zero(div), x / y), floordiv)
+    floordiv = jnp.where(div == 0, jnp.copysign(zero(div), x / y), floordiv)
     return jnp.where(y == 0, x / y, floordiv)
 
 
 def _div_trunc(x, y):
-    if _is_int(x):
+    if is_int(x):
         _nonzero_divisor(y)
         x, y = jnp.broadcast_arrays(x, jnp.where(y == 0, jnp.ones((), y.dtype), y))
         return lax.div(x, y)
@@ -320,7 +307,7 @@ def floor_divide(x, y):
        promote="default")
 def remainder(x, y):
     """Python's modulo: the result takes the divisor's sign."""
-    if _is_int(x):
+    if is_int(x):
         _nonzero_divisor(y)
         y = jnp.where(y == 0, jnp.ones((), y.dtype), y)
     mod = lax.rem(*jnp.broadcast_arrays(x, y))
@@ -330,7 +317,7 @@ def remainder(x, y):
 @lower(aten.fmod.Tensor, aten.fmod.Scalar, promote="default")
 def fmod(x, y):
     """C's fmod: the result takes the dividend's sign."""
-    if _is_int(x):
+    if is_int(x):
         _nonzero_divisor(y)
         y = jnp.where(y == 0, jnp.ones((), y.dtype), y)
     return lax.rem(*jnp.broadcast_arrays(x, y))
@@ -357,14 +344,14 @@ def _int_pow(x, y):
 
 @lower(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote="default")
 def pow_(x, y):
-    if _is_int(x):
+    if is_int(x):
         return _int_pow(x, y)
     return jnp.power(x, y)
 
 
 @lower(aten.pow.Tensor_Scalar, promote="default")
 def pow_tensor_scalar(x, exponent):
-    if _is_int(x):
+    if is_int(x):
         checks.require(exponent >= 0, RuntimeError,
                        "Integers to negative integer powers are not allowed.")
         return _int_pow(x, exponent)
@@ -381,19 +368,19 @@ def pow_tensor_scalar(x, exponent):
 
 @lower(aten.xlogy.Tensor, promote="int_to_float")
 def xlogy(x, y):
-    out = jnp.where(x == 0, _zero(x), x * jnp.log(y))
+    out = jnp.where(x == 0, zero(x), x * jnp.log(y))
     return jnp.where(jnp.isnan(y), y, out)
 
 
 @lower(aten.special_xlog1py.default, promote="int_to_float")
 def xlog1py(x, y):
-    out = jnp.where(x == 0, _zero(x), x * jnp.log1p(y))
+    out = jnp.where(x == 0, zero(x), x * jnp.log1p(y))
     return jnp.where(jnp.isnan(y), y, out)
 
 
 @lower(aten.logaddexp.default, promote="default")
 def logaddexp(x, y):
-    if _is_complex(x):
+    if is_complex(x):
         big = jnp.where(x.real >= y.real, x, y)
         small = jnp.where(x.real >= y.real, y, x)
         return big + jnp.log1p(jnp.exp(small - big))
@@ -434,7 +421,7 @@ def gcd(x, y):
 @lower(aten.lcm.default, promote="default")
 def lcm(x, y):
     g = _gcd(x, y)
-    return jnp.where(g == 0, _zero(g), jnp.abs(x // jnp.where(g == 0, 1, g) * y))
+    return jnp.where(g == 0, zero(g), jnp.abs(x // jnp.where(g == 0, 1, g) * y))
 
 
 @lower(aten.complex.default)

@@ -23,7 +23,7 @@ from jax.lax import linalg as lax_linalg
 
 from .. import checks
 from ..registry import lower
-from ._ops import aten
+from ._ops import aten, is_complex, is_int
 
 _PRECISION = {
     "highest": lax.Precision.HIGHEST,
@@ -35,14 +35,6 @@ _PRECISION = {
 def precision():
     """XLA dot precision from torch.get_float32_matmul_precision() (PyTorch: exact fp32)."""
     return _PRECISION[torch.get_float32_matmul_precision()]
-
-
-def _is_int(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
-
-
-def _is_complex(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.complexfloating)
 
 
 # ------------------------------------------------------------------ products
@@ -78,7 +70,7 @@ def _scaled_sum(bias, prod, beta, alpha):
         prod = prod & bool(alpha)
         return prod if not beta else prod | (bias.astype(bool) & bool(beta))
     skip_bias = beta == 0
-    if _is_int(prod):  # the scalars are cast to the integer type (truncated)
+    if is_int(prod):  # the scalars are cast to the integer type (truncated)
         alpha, beta = int(alpha.real if isinstance(alpha, complex) else alpha), \
             int(beta.real if isinstance(beta, complex) else beta)
     if alpha != 1:
@@ -126,7 +118,7 @@ def addr(bias, vec1, vec2, *, beta=1, alpha=1):
 @lower(aten.trace.default)
 def trace(x):
     d = jnp.diagonal(x)
-    return jnp.sum(d.astype(jnp.int64) if _is_int(x) else d)
+    return jnp.sum(d.astype(jnp.int64) if is_int(x) else d)
 
 
 @lower(aten.linalg_cross.default, promote="default")
@@ -141,7 +133,7 @@ def _mT(x):
 
 
 def _mH(x):
-    return jnp.conj(_mT(x)) if _is_complex(x) else _mT(x)
+    return jnp.conj(_mT(x)) if is_complex(x) else _mT(x)
 
 
 def _broadcast_batch(a, b):
@@ -285,7 +277,7 @@ def _perm_sign(pivots):
 
 @lower(aten._linalg_det.default)
 def linalg_det(a):
-    use_a_t = not _is_complex(a)
+    use_a_t = not is_complex(a)
     lu, pivots, _, _ = _lu(_mT(a) if use_a_t else a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     det = jnp.prod(diag, axis=-1) * _perm_sign(pivots).astype(a.dtype)
@@ -294,7 +286,7 @@ def linalg_det(a):
 
 @lower(aten._linalg_slogdet.default)
 def linalg_slogdet(a):
-    use_a_t = not _is_complex(a)
+    use_a_t = not is_complex(a)
     lu, pivots, _, _ = _lu(_mT(a) if use_a_t else a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     absdiag = jnp.abs(diag)

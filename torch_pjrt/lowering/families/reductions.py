@@ -16,7 +16,7 @@ from jax import lax
 
 from ...storage import dtypes
 from ..registry import lower
-from ._ops import aten
+from ._ops import aten, is_complex, is_int
 
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 
@@ -34,21 +34,13 @@ def _count(x, axes) -> int:
     return math.prod(x.shape[a] for a in axes)
 
 
-def _is_int(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
-
-
-def _is_complex(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.complexfloating)
-
-
 def _acc_dtype(x, dtype):
     """The dtype a sum accumulates in: the requested one, int64 for integers and bools,
     float32 for float16/bfloat16."""
     if dtype is not None:
         x_dtype = dtypes.to_jax(dtype)
     else:
-        x_dtype = jnp.int64 if _is_int(x) else x.dtype
+        x_dtype = jnp.int64 if is_int(x) else x.dtype
     return jnp.float32 if x_dtype in _LOW_PRECISION else x_dtype
 
 
@@ -63,7 +55,7 @@ def sum_(x, dim=None, keepdim=False, *, dtype=None):
 
 @lower(aten.nansum.default)
 def nansum(x, dim=None, keepdim=False, *, dtype=None):
-    if not _is_int(x):
+    if not is_int(x):
         x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
     return _sum(x, _axes(x, dim), keepdim, dtype)
 
@@ -184,7 +176,7 @@ def _var(x, axes, correction, keepdim):
     mean = jnp.mean(x, axis=axes, keepdims=True) if n else jnp.full((1,) * x.ndim, jnp.nan,
                                                                        x.dtype)
     dev = x - mean
-    sq = jnp.real(dev * jnp.conj(dev)) if _is_complex(x) else dev * dev
+    sq = jnp.real(dev * jnp.conj(dev)) if is_complex(x) else dev * dev
     return jnp.sum(sq, axis=axes, keepdims=keepdim) / jnp.maximum(n - ddof, 0)
 
 
@@ -251,7 +243,7 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
 @lower(aten.logsumexp.default)
 def logsumexp(x, dim, keepdim=False):
     axes = _axes(x, dim)
-    if _is_int(x):
+    if is_int(x):
         x = x.astype(jnp.float32)
     elif x.dtype in _LOW_PRECISION:
         x = x.astype(jnp.float32)
@@ -285,7 +277,7 @@ def cumprod(x, dim, *, dtype=None):
 
 def _log_add_exp(a, b):
     """PyTorch's logcumsumexp step: equal infinities pass through; NaN propagates."""
-    if _is_complex(a):
+    if is_complex(a):
         take_a = a.real >= b.real
         big, small = jnp.where(take_a, a, b), jnp.where(take_a, b, a)
         same_inf = jnp.isinf(big.real) & (big.real == small.real)

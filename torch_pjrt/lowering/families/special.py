@@ -17,12 +17,7 @@ from jax import lax
 
 from ..registry import lower
 from . import _special_coefficients as C
-from ._ops import aten, register_each
-
-
-def _const(value, x):
-    return jnp.asarray(value, x.dtype)
-
+from ._ops import aten, const, register_each
 
 # ------------------------------------------------------------- from JAX as is
 UNARY = {
@@ -39,7 +34,7 @@ register_each(UNARY)
 def _nan_at_inf(fn):
     """PyTorch's Cephes-based I0/I1 give NaN at +-inf."""
     def lowering(x):
-        return jnp.where(jnp.isinf(x), _const(jnp.nan, x), fn(x))
+        return jnp.where(jnp.isinf(x), const(jnp.nan, x), fn(x))
 
     lowering.__name__ = fn.__name__
     return lowering
@@ -64,12 +59,12 @@ def erfinv(x):
 @lower(aten.digamma.default, promote="int_to_float")
 def digamma(x):
     # PyTorch: digamma(+-0) is -+inf (JAX gives NaN); negative integers give NaN.
-    return jnp.where(x == 0, jnp.copysign(_const(jnp.inf, x), -x), jsp.digamma(x))
+    return jnp.where(x == 0, jnp.copysign(const(jnp.inf, x), -x), jsp.digamma(x))
 
 
 def _trigamma(x):
     """psi'(x): reflection below 1/2, six recurrence steps, then the asymptotic series."""
-    pi = _const(math.pi, x)
+    pi = const(math.pi, x)
     reflect = x < 0.5
     sin_pi_x = jnp.sin(pi * x)
     result = jnp.where(reflect, -(pi * pi) / (sin_pi_x * sin_pi_x), jnp.zeros_like(x))
@@ -150,14 +145,14 @@ def polygamma(n, x):
     if n == 1:
         return _trigamma(x)
     sign = 1.0 if n % 2 else -1.0
-    factorial = _const(sign * math.exp(math.lgamma(n + 1.0)), x)
-    return factorial * _zeta(_const(n + 1, x), x)
+    factorial = const(sign * math.exp(math.lgamma(n + 1.0)), x)
+    return factorial * _zeta(const(n + 1, x), x)
 
 
 def _igamma_edges(a, x, out, lower_tail: bool):
     """PyTorch's igamma/igammac at a = 0, x = 0 and infinities."""
     a, x = jnp.broadcast_arrays(a, x)
-    one, zero, nan = jnp.ones_like(a), jnp.zeros_like(a), _const(jnp.nan, a)
+    one, zero, nan = jnp.ones_like(a), jnp.zeros_like(a), const(jnp.nan, a)
     full, empty = (one, zero) if lower_tail else (zero, one)
     out = jnp.where(jnp.isinf(x), full, out)
     out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, empty), out)
@@ -200,19 +195,19 @@ def _cheb(coeffs, s):
     """sum_k c_k T_k(s) by Clenshaw's recurrence, in s's dtype."""
     b1 = b2 = jnp.zeros_like(s)
     for c in reversed(coeffs[1:]):
-        b1, b2 = 2 * s * b1 - b2 + _const(c, s), b1
-    return s * b1 - b2 + _const(coeffs[0], s)
+        b1, b2 = 2 * s * b1 - b2 + const(c, s), b1
+    return s * b1 - b2 + const(coeffs[0], s)
 
 
 def _hankel(ax, p_coeffs, q_coeffs, order: int):
     """sqrt(2/(pi x)) times (P cos chi - Q sin chi, P sin chi + Q cos chi), x > 8,
     chi = x - (2 order + 1) pi / 4, with cos/sin of x itself (no loss from the shift)."""
-    safe = jnp.where(ax > 8, ax, _const(16, ax))
+    safe = jnp.where(ax > 8, ax, const(16, ax))
     s = 128 / (safe * safe) - 1
     p, q = _cheb(p_coeffs, s), _cheb(q_coeffs, s) / safe
-    amp = jnp.sqrt(_const(2 / math.pi, ax) / safe)
+    amp = jnp.sqrt(const(2 / math.pi, ax) / safe)
     c, sn = jnp.cos(safe), jnp.sin(safe)
-    r = _const(math.sqrt(0.5), ax)
+    r = const(math.sqrt(0.5), ax)
     if order == 0:
         cos_chi, sin_chi = (c + sn) * r, (sn - c) * r
     else:
@@ -221,7 +216,7 @@ def _hankel(ax, p_coeffs, q_coeffs, order: int):
 
 
 def _small_s(ax):
-    small = jnp.minimum(ax, _const(8, ax))
+    small = jnp.minimum(ax, const(8, ax))
     return small * small / 32 - 1
 
 
@@ -238,8 +233,8 @@ def _j1(x):
 
 
 def _y_domain(x, out):
-    out = jnp.where(x == 0, _const(-jnp.inf, x), out)
-    return jnp.where(x < 0, _const(jnp.nan, x), out)
+    out = jnp.where(x == 0, const(-jnp.inf, x), out)
+    return jnp.where(x < 0, const(jnp.nan, x), out)
 
 
 @lower(aten.special_bessel_j0.default, promote="int_to_float")
@@ -256,7 +251,7 @@ def bessel_j1(x):
 def bessel_y0(x):
     pos = jnp.where(x > 0, x, jnp.ones_like(x))
     _, large = _hankel(pos, C.P0_LARGE, C.Q0_LARGE, 0)
-    small = _const(2 / math.pi, x) * jnp.log(pos) * _j0(pos) + _cheb(C.Y0_SMALL, _small_s(pos))
+    small = const(2 / math.pi, x) * jnp.log(pos) * _j0(pos) + _cheb(C.Y0_SMALL, _small_s(pos))
     return _y_domain(x, jnp.where(pos <= 8, small, large))
 
 
@@ -264,7 +259,7 @@ def bessel_y0(x):
 def bessel_y1(x):
     pos = jnp.where(x > 0, x, jnp.ones_like(x))
     _, large = _hankel(pos, C.P1_LARGE, C.Q1_LARGE, 1)
-    small = (_const(2 / math.pi, x) * (jnp.log(pos) * _j1(pos) - 1 / pos)
+    small = (const(2 / math.pi, x) * (jnp.log(pos) * _j1(pos) - 1 / pos)
              + pos * _cheb(C.Y1_SMALL, _small_s(pos)))
     return _y_domain(x, jnp.where(pos <= 8, small, large))
 
@@ -281,7 +276,7 @@ def spherical_bessel_j0(x):
 # ------------------------------------------------------------- modified Bessel K
 def _k(x, order: int, scaled: bool):
     pos = jnp.where(x > 0, x, jnp.ones_like(x))
-    small_x = jnp.minimum(pos, _const(2, x))
+    small_x = jnp.minimum(pos, const(2, x))
     s_small = small_x * small_x / 2 - 1
     log_x = jnp.log(small_x)
     if order == 0:
@@ -289,7 +284,7 @@ def _k(x, order: int, scaled: bool):
     else:
         small = (log_x * jsp.i1(small_x) + 1 / small_x
                  + small_x * _cheb(C.K1_SMALL, s_small))
-    large_x = jnp.maximum(pos, _const(2, x))
+    large_x = jnp.maximum(pos, const(2, x))
     large = _cheb(C.K0_LARGE if order == 0 else C.K1_LARGE, 4 / large_x - 1) / jnp.sqrt(large_x)
     if scaled:
         small = small * jnp.exp(small_x)
@@ -297,8 +292,8 @@ def _k(x, order: int, scaled: bool):
         large = large * jnp.exp(-large_x)
     out = jnp.where(pos <= 2, small, large)
     out = jnp.where(jnp.isposinf(x), jnp.zeros_like(x), out)
-    out = jnp.where(x == 0, _const(jnp.inf, x), out)
-    return jnp.where(x < 0, _const(jnp.nan, x), out)
+    out = jnp.where(x == 0, const(jnp.inf, x), out)
+    return jnp.where(x < 0, const(jnp.nan, x), out)
 
 
 @lower(aten.special_modified_bessel_k0.default, promote="int_to_float")
@@ -329,19 +324,19 @@ _ZETA4 = 2 / 3 * 4 ** 1.5
 @lower(aten.special_airy_ai.default, promote="int_to_float")
 def airy_ai(x):
     mid = _cheb(C.AI_MID, (jnp.clip(x, -4, 2) + 1) / 3)
-    xp = jnp.maximum(x, _const(2, x))
-    zeta = _const(2 / 3, x) * xp * jnp.sqrt(xp)
-    pos = (jnp.exp(-zeta) / (2 * _const(math.sqrt(math.pi), x) * jnp.sqrt(jnp.sqrt(xp)))
-           * _cheb(C.AI_POS, _const(2 * _ZETA2, x) / zeta - 1))
-    z = jnp.maximum(-x, _const(4, x))
-    zeta_n = _const(2 / 3, x) * z * jnp.sqrt(z)
-    s = _const(2 * _ZETA4, x) / zeta_n - 1
+    xp = jnp.maximum(x, const(2, x))
+    zeta = const(2 / 3, x) * xp * jnp.sqrt(xp)
+    pos = (jnp.exp(-zeta) / (2 * const(math.sqrt(math.pi), x) * jnp.sqrt(jnp.sqrt(xp)))
+           * _cheb(C.AI_POS, const(2 * _ZETA2, x) / zeta - 1))
+    z = jnp.maximum(-x, const(4, x))
+    zeta_n = const(2 / 3, x) * z * jnp.sqrt(z)
+    s = const(2 * _ZETA4, x) / zeta_n - 1
     p, q = _cheb(C.AI_NEG_P, s), _cheb(C.AI_NEG_Q, s) / zeta_n
-    theta = zeta_n + _const(math.pi / 4, x)
+    theta = zeta_n + const(math.pi / 4, x)
     neg = (p * jnp.sin(theta) - q * jnp.cos(theta)) / (
-        _const(math.sqrt(math.pi), x) * jnp.sqrt(jnp.sqrt(z)))
+        const(math.sqrt(math.pi), x) * jnp.sqrt(jnp.sqrt(z)))
     out = jnp.where(x > 2, pos, jnp.where(x < -4, neg, mid))
-    return jnp.where(jnp.isinf(x), _const(jnp.nan, x), out)
+    return jnp.where(jnp.isinf(x), const(jnp.nan, x), out)
 
 
 # ------------------------------------------------------ orthogonal polynomials
