@@ -157,13 +157,20 @@ def _blocks(t, axis, blk, n_blocks):
     return jnp.moveaxis(t, axis, 0)
 
 
-def _chunked_forward(q, k, v, bias, causal, scale, p, key):
+def _key_blocks(k, v, bias):
+    """The key axis in blocks of KEY_BLOCK (the last zero-padded): (block size, number of
+    blocks, the true length when padded else None, k, v and bias split into blocks)."""
     s_len = k.shape[-2]
     blk = min(KEY_BLOCK, s_len)
     n_blocks = -(-s_len // blk)
     s_valid = s_len if n_blocks * blk != s_len else None
     ks, vs = _blocks(k, 3, blk, n_blocks), _blocks(v, 3, blk, n_blocks)
     bias_blocks = None if bias is None else _blocks(bias, 4, blk, n_blocks)
+    return blk, n_blocks, s_valid, ks, vs, bias_blocks
+
+
+def _chunked_forward(q, k, v, bias, causal, scale, p, key):
+    blk, n_blocks, s_valid, ks, vs, bias_blocks = _key_blocks(k, v, bias)
     acc_t = _acc(q.dtype)
     shape = q.shape[:-1]
 
@@ -198,12 +205,7 @@ def _chunked_forward(q, k, v, bias, causal, scale, p, key):
 
 
 def _chunked_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_bias):
-    s_len = k.shape[-2]
-    blk = min(KEY_BLOCK, s_len)
-    n_blocks = -(-s_len // blk)
-    s_valid = s_len if n_blocks * blk != s_len else None
-    ks, vs = _blocks(k, 3, blk, n_blocks), _blocks(v, 3, blk, n_blocks)
-    bias_blocks = None if bias is None else _blocks(bias, 4, blk, n_blocks)
+    blk, n_blocks, s_valid, ks, vs, bias_blocks = _key_blocks(k, v, bias)
     finite = jnp.isfinite(lse)[..., None]
     lse_safe = jnp.where(finite, lse[..., None], 0)
     acc_t = _acc(q.dtype)
@@ -234,7 +236,7 @@ def _chunked_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want
     def unblock(t, axis):  # (n_blocks, ..., blk, ...) -> (..., S, ...)
         t = jnp.moveaxis(t, 0, axis)
         t = t.reshape(t.shape[:axis] + (n_blocks * blk,) + t.shape[axis + 2:])
-        return lax.slice_in_dim(t, 0, s_len, axis=axis)
+        return lax.slice_in_dim(t, 0, k.shape[-2], axis=axis)
 
     ds = unblock(dss, 4) if want_bias else None
     return dq, unblock(dks, 3), unblock(dvs, 3), ds
