@@ -14,6 +14,7 @@ import functools
 import warnings
 
 import torch
+import torch.utils._pytree as pytree
 
 from .. import _env, counters
 from ..lowering import registry
@@ -32,9 +33,11 @@ def decompositions() -> dict:
     return {op: fn for op, fn in table.items() if op not in lowered}
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
+                   user_outputs: int | None = None):
     try:
-        compiled = graph.CompiledGraph(gm, list(example_inputs))
+        compiled = graph.CompiledGraph(gm, list(example_inputs),
+                                       _internal_outputs_from(user_outputs))
     except graph.Unsupported as e:
         if str(e) == "a graph without tensor inputs":  # nothing to offload: run it as is
             return _eager(gm)
@@ -51,6 +54,19 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
     return compiled
 
 
+def _internal_outputs_from(user_outputs: int | None) -> int | None:
+    """Where a training forward graph's outputs stop being the user's: after the mutated
+    inputs and the model's own outputs come the activations saved for the backward, which
+    only our own backward graph reads, so their layout is ours to choose."""
+    if user_outputs is None:
+        return None
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        return None
+    return meta.num_mutated_inp_runtime_indices + user_outputs
+
+
 def _eager(gm: torch.fx.GraphModule):
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -64,7 +80,11 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
     from .. import runtime
 
     runtime.ensure_initialized()
-    backend = aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph,
+    (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
+    user_outputs = len(pytree.arg_tree_leaves(*out_node.args))
+    backend = aot_autograd(fw_compiler=functools.partial(_compile_graph,
+                                                         user_outputs=user_outputs),
+                           inference_compiler=_compile_graph, bw_compiler=_compile_graph,
                            decompositions=decompositions(),
                            keep_inference_input_mutations=True)
     return backend(gm, example_inputs)

@@ -79,6 +79,17 @@ def concrete(sizes, bindings: dict) -> tuple[int, ...]:
                  int(s.node.expr.xreplace(bindings)) for s in sizes)
 
 
+def compact_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides with the same order of dimensions in memory as `strides`, without gaps."""
+    order = sorted(range(len(shape)), key=lambda d: (strides[d], shape[d]))
+    out = [0] * len(shape)
+    step = 1
+    for d in order:
+        out[d] = step
+        step *= max(shape[d], 1)
+    return tuple(out)
+
+
 def _is_symbolic(m) -> bool:
     if isinstance(m, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in (*m.shape, *m.stride()))
@@ -201,7 +212,12 @@ class CompiledGraph:
     """Calls the graph's operator with the graph's inputs; outputs that are inputs pass
     through untouched."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list,
+                 internal_from: int | None = None):
+        """`internal_from`: outputs from this index on are read only by our own graphs
+        (a forward's saved activations); they keep their dimension order but lose the gaps
+        of the views they were traced as (q, k and v are views of one qkv buffer), so the
+        program writes each one plainly instead of padding it out to the whole buffer."""
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if not any(isinstance(ex, torch.Tensor) for ex in example_inputs):
             # the dispatcher finds a backend through tensor arguments: none, no operator
@@ -218,7 +234,8 @@ class CompiledGraph:
         # Each output: computed by the program, an input passed through, or None.
         self.sources = []
         computed = []
-        for r in results:
+        dense: list[bool] = []  # per computed output: contiguous instead of its meta strides
+        for i, r in enumerate(results):
             if r is None:
                 self.sources.append(("none",))
             elif r in placeholders:
@@ -226,6 +243,7 @@ class CompiledGraph:
             elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor):
                 self.sources.append(("computed",))
                 computed.append(r)
+                dense.append(internal_from is not None and i >= internal_from)
             elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"),
                                                              (int, torch.SymInt)):
                 # a size the backward needs (symbolic graphs): computed on the host per call
@@ -269,8 +287,13 @@ class CompiledGraph:
             inputs = regroup(mutated, tensors, ints, scalars)
             device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), "meta")
             b = bind(placeholder_metas, inputs)
-            return [torch.empty_strided(concrete(m.shape, b), concrete(m.stride(), b),
-                                        dtype=m.dtype, device=device) for m in out_metas]
+            outs = []
+            for m, d in zip(out_metas, dense):
+                shape, strides = concrete(m.shape, b), concrete(m.stride(), b)
+                if d:
+                    strides = compact_strides(shape, strides)
+                outs.append(torch.empty_strided(shape, strides, dtype=m.dtype, device=device))
+            return outs
 
         torch.library.register_fake(f"pjrt_graphs::{name}", fake, lib=_lib)
         self.op = getattr(torch.ops.pjrt_graphs, name).default
