@@ -32,6 +32,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "holds this many ops."),
     EnvVar("TORCH_PJRT_DEBUG_COMPARE", "0", "Debug eager: also run every op on the CPU and raise "
            "at the first op whose result differs."),
+    EnvVar("TORCH_PJRT_BUCKETS", "4", "torch.compile with dynamic sizes: pad each dynamic size "
+           "to a bucket and compile once per bucket; the value is buckets per doubling of the "
+           "size (1, 2, 4, 8 or 16; sizes up to 16 use powers of two); 0 or off: compile once "
+           "per shape (docs/dynamic-shapes.md)."),
     EnvVar("TORCH_PJRT_VERBOSE", "0", "1: log compiles and CPU fallbacks to stderr."),
 )
 

@@ -146,7 +146,9 @@ def test_default_backend_picks_pjrt_for_pjrt_tensors():
     assert torch_pjrt.metrics().get("compiled_graphs", 0) >= 1
 
 
-def test_dynamic_shapes_one_graph_specialized_per_shape():
+def test_dynamic_shapes_one_graph_one_program_per_bucket():
+    """Sizes are padded to buckets (docs/dynamic-shapes.md): (4, 3), (5, 7), (6, 2) run
+    at (4, 4), (8, 8), (8, 2); the sum over dim 0 and the softmax over dim 1 are masked."""
     def f(x):
         return (x * 2).sum(0).softmax(-1) + torch.arange(x.shape[1], device=x.device)
 
@@ -154,10 +156,13 @@ def test_dynamic_shapes_one_graph_specialized_per_shape():
     for shape in [(4, 3), (5, 7), (6, 2), (5, 7)]:
         x = torch.randn(*shape)
         torch.testing.assert_close(fn(x.to("pjrt")).cpu(), f(x), atol=1e-6, rtol=1e-5)
-    assert torch_pjrt.metrics()["compiled_graphs"] == 1  # one Dynamo/AOT graph
+    m = torch_pjrt.metrics()
+    assert m["compiled_graphs"] == 1  # one Dynamo/AOT graph
+    assert m["bucketed_graph_programs"] == 3
 
 
-def test_recompile_warning_names_the_input_that_changed():
+def test_recompile_warning_names_the_input_that_changed(monkeypatch):
+    monkeypatch.setenv("TORCH_PJRT_BUCKETS", "0")  # one program per shape
     fn = torch.compile(lambda x: (x * 2).sum(), backend="pjrt", dynamic=True)
     with pytest.warns(UserWarning, match=r"compiled for 9 different inputs.*input 0"):
         for n in range(1, 12):

@@ -7,22 +7,31 @@ executor, so a compiled graph gets what every op gets: device buffers in and
 out with PyTorch's strides, views of inputs read in place, mutated inputs
 written back with donation, an in-memory and on-disk program cache, and, in
 fused mode, fusion with the eager ops around it.
+
+With dynamic sizes, a graph that `buckets.analyze` can prove safe runs at
+bucket sizes (one program per bucket, see buckets.py); others are specialized
+per shape.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import torch
 import torch.fx
 
+from .. import counters
 from ..eager import opspec, recompiles
 from ..lowering import apply, registry
-from ..storage import dtypes
+from ..storage import dtypes, table, views
+from . import buckets
 
 _lib = torch.library.Library("pjrt_graphs", "DEF")
 _impl = torch.library.Library("pjrt_graphs", "IMPL", "PrivateUse1")
@@ -61,10 +70,14 @@ def bind(placeholder_metas: list, inputs) -> dict:
         if isinstance(meta, torch.Tensor):
             for s, n in zip(meta.shape, value.shape):
                 add(s, n)
-            for s, n in zip(meta.stride(), _strides(value)):
-                add(s, n)
         else:
             add(meta, value)
+    sizes = dict(out)
+    for meta, value in zip(placeholder_metas, inputs):
+        if isinstance(meta, torch.Tensor):
+            for s, n in zip(meta.stride(), _strides(value)):
+                add(s, n)
+    out.update(sizes)  # a size wins over a stride (a padded input's strides are not its own)
     return out
 
 
@@ -134,8 +147,10 @@ def _args_meta(node: torch.fx.Node) -> tuple[tuple, dict]:
 
 
 def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
-                 mutations: dict[int, torch.fx.Node]) -> tuple[Callable, bool]:
-    """A JAX function of the graph's inputs computing (mutated inputs..., outputs...)."""
+                 mutations: dict[int, torch.fx.Node],
+                 plan: buckets.Plan | None = None) -> tuple[Callable, bool]:
+    """A JAX function of the graph's inputs computing (mutated inputs..., outputs...);
+    with a bucketing plan it runs at bucket sizes, masking where the plan says."""
     plans: dict[torch.fx.Node, _NodePlan] = {}
     for i, node in enumerate(gm.graph.nodes):
         if node.op == "call_function" and node.target is not operator.getitem \
@@ -144,9 +159,12 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
     random = any(p.spec.lowering.random for p in plans.values())
     placeholder_metas = [p.meta.get("val") for p in placeholders]
 
-    def run(*inputs, key=None):
+    def run(*inputs, key=None, truth=None):
         env: dict[torch.fx.Node, Any] = dict(zip(placeholders, inputs))
         bindings = bind(placeholder_metas, inputs)
+        if truth is not None:  # symbols that are not bucketed have one value
+            truth.buckets = {**bindings, **truth.buckets}
+            truth.trues = {**bindings, **truth.trues}
 
         def value(a):
             if isinstance(a, torch.fx.Node):
@@ -174,6 +192,9 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
             args = tuple(value(a) for a in node.args)
             kwargs = {k: value(v) for k, v in node.kwargs.items()}
             values = opspec.normalize(plan.spec, args, kwargs)
+            rule = bucket_plan.rules.get(node) if bucket_plan is not None else None
+            if rule is not None:
+                values = _masked(node, values, rule, bucket_plan, truth)
             structs = plan.structs
             if structs is None:
                 structs = [_struct(m, bindings) for m in plan.out_metas]
@@ -189,12 +210,170 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
                 r = next(arrays)
                 results.append(r if st is None or r is None
                                else apply.broadcast_cast(r, st.shape, st.dtype))
+            if rule is not None and rule.post is not None:
+                results = _post(results, rule, truth)
             multi = isinstance(node.meta.get("val"), (list, tuple))
             env[node] = results if multi else results[0]
         new_inputs = [env[mutations[i]] for i in sorted(mutations)]
+        if bucket_plan is not None:
+            return (*new_inputs, [_flat_output(o, env[o], bucket_plan, truth) for o in outputs])
         return (*new_inputs, [env[o] for o in outputs])
 
+    bucket_plan = plan
     return run, random
+
+
+# ------------------------------------------------------------- bucketed sizes
+def _masked(node: torch.fx.Node, values: list, rule: buckets.NodeRule, plan: buckets.Plan,
+            truth: buckets.Truth) -> list:
+    """The op's arguments with padded positions filled where its rule says."""
+    values = list(values)
+    for i, fill in rule.fills.items():
+        x = values[i]
+        if x is None or not hasattr(x, "dtype"):
+            continue
+        layout = plan.layouts.get(node.args[i])
+        if layout is not None:
+            values[i] = buckets.mask(x, layout, plan.sizes, truth,
+                                     buckets.fill_value(fill, x.dtype, values))
+    return values
+
+
+def _post(results: list, rule: buckets.NodeRule, truth: buckets.Truth) -> list:
+    arrays = [r for r in results if hasattr(r, "dtype")]
+    fixed = iter(rule.post(arrays, truth))
+    return [next(fixed) if hasattr(r, "dtype") else r for r in results]
+
+
+_VIEW, _GATHER = 1, 2  # how a padded input reaches the program
+_warned: set[str] = set()
+
+
+def _is_size_node(node: torch.fx.Node) -> bool:
+    return node.target in _SIZE_OPS or node.target in _SIZE_QUERIES
+
+
+def _shape_symbols(metas: list) -> list:
+    """The symbols of the inputs' sizes (what bucketing pads), if each can be bound."""
+    found, bound = set(), set()
+    for m in metas:
+        sizes = m.shape if isinstance(m, torch.Tensor) else [m]
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                expr = size.node.expr
+                (bound if expr.is_Symbol else set()).add(expr)
+                if isinstance(m, torch.Tensor):
+                    found |= expr.free_symbols
+    return sorted(found, key=str) if found <= bound else []
+
+
+def _bucketing(gm: torch.fx.GraphModule, placeholders: list, metas: list,
+               mutations: dict) -> buckets.Plan | None:
+    """The graph's bucketing plan, or None: sizes are static, bucketing is off, or an op
+    is not classified (then said once, counted, and the graph compiles per shape)."""
+    steps = buckets.steps_per_octave()
+    symbols = _shape_symbols(metas)
+    if not steps or not symbols:
+        return None
+    try:
+        plan = buckets.analyze(gm, placeholders, symbols, skip=_is_size_node)
+        for i in mutations:
+            if plan.padded(plan.layouts[placeholders[i]]):
+                raise buckets.Unclassified("an in-place update of an input with a dynamic size")
+    except buckets.Unclassified as e:
+        counters.count("bucket_fallback_graphs")
+        if str(e) not in _warned:
+            _warned.add(str(e))
+            warnings.warn(f"pjrt: a torch.compile graph with dynamic sizes uses {e}, which "
+                          "padding to buckets does not handle; that graph compiles once per "
+                          "shape instead", stacklevel=4)
+        return None
+    plan.steps = steps
+    plan.placeholders = placeholders
+    plan.padded_inputs = [i for i, p in enumerate(placeholders)
+                          if isinstance(metas[i], torch.Tensor) and plan.padded(plan.layouts[p])]
+    return plan
+
+
+def _unpack(plan: buckets.Plan, ints: list, scalars: list):
+    """(Truth, {input: mode}, gather parameters) from the tails of the op's lists."""
+    k = len(plan.symbols)
+    truth = buckets.Truth(dict(zip(plan.symbols, ints[:k])), dict(zip(plan.symbols, scalars[:k])))
+    return truth, dict(zip(plan.padded_inputs, ints[k:])), iter(scalars[k:])
+
+
+def _gather_input(plan: buckets.Plan, placeholder: torch.fx.Node, flat, truth: buckets.Truth,
+                  extra):
+    m = placeholder.meta["val"]
+    shape = concrete(m.shape, truth.buckets)
+    offset = next(extra)
+    strides = [next(extra) for _ in shape]
+    return buckets.gather(flat, plan.layouts[placeholder], plan.sizes, truth, shape, offset,
+                          strides)
+
+
+# Storages of bucketed graphs' outputs (data pointer -> bytes): their size is set by the
+# bucket, so the next graph can read them in place with one program per bucket.
+_bucket_storages: dict[int, int] = {}
+
+
+def _remember(t: torch.Tensor) -> None:
+    if len(_bucket_storages) > 100_000:
+        _bucket_storages.clear()
+    storage = t.untyped_storage()
+    _bucket_storages[storage.data_ptr()] = storage.nbytes()
+
+
+def _pad_input(x: torch.Tensor, m: torch.Tensor, layout, plan: buckets.Plan, padded: dict,
+               extra: list) -> tuple[torch.Tensor, int]:
+    """`x` as the program reads it at the bucket size: read from its own storage when
+    that is bucket-sized (an output of a bucketed graph), else copied into one."""
+    shape = concrete(m.shape, padded)
+    numel = math.prod(shape)
+    contig = views.contiguous_strides(shape)
+    storage = x.untyped_storage()
+    size = storage.nbytes() // x.element_size()
+    same_index = buckets.identity(layout, plan.sizes)
+    if size == numel or _bucket_storages.get(storage.data_ptr()) == storage.nbytes():
+        if same_index and x.storage_offset() == 0 and tuple(x.stride()) == contig \
+                and size >= numel:
+            return x.as_strided(shape, contig, 0), _VIEW
+        extra.extend([x.storage_offset(), *x.stride()])
+        return x.as_strided((size,), (1,), 0), _GATHER
+    counters.count("bucket_input_copies")  # a small copy program per true shape
+    fresh = torch.empty((numel,), dtype=x.dtype, device=x.device)
+    if same_index:
+        fresh.as_strided(tuple(x.shape), contig, 0).copy_(x)
+        return fresh.as_strided(shape, contig, 0), _VIEW
+    dense = views.contiguous_strides(tuple(x.shape))
+    fresh.as_strided(tuple(x.shape), dense, 0).copy_(x)
+    extra.extend([0, *dense])
+    return fresh, _GATHER
+
+
+def _placeholder(plan: buckets.Plan, i: int) -> torch.fx.Node:
+    return plan.placeholders[i]
+
+
+def _capacity(m: torch.Tensor, bindings: dict) -> int:
+    """Elements of the flat buffer holding `m` at bucket sizes (and so at any true size
+    of that bucket)."""
+    shape, stride = concrete(m.shape, bindings), concrete(m.stride(), bindings)
+    return max(math.prod(shape), table.storage_numel(shape, stride))
+
+
+def _flat_output(node: torch.fx.Node, y, plan: buckets.Plan, truth: buckets.Truth):
+    """A result at the bucket shape as a flat buffer holding it in its true layout
+    (PyTorch's strides at the true sizes), which the caller views at the true shape."""
+    m = node.meta["val"]
+    layout = plan.layouts[node]
+    cap = _capacity(m, truth.buckets)
+    strides = [buckets._expr(s) for s in m.stride()]
+    if buckets.identity(layout, plan.sizes) and not any(plan.sizes.padded(s) for s in strides):
+        shape, stride = concrete(m.shape, truth.buckets), concrete(m.stride(), truth.buckets)
+        return views.write(jnp.zeros((cap,), y.dtype), y, shape, stride, 0)
+    true_strides = [truth.true(s) for s in strides]
+    return buckets.scatter(y, layout, plan.sizes, truth, true_strides, cap)
 
 
 def _signature(args) -> tuple:
@@ -250,7 +429,9 @@ class CompiledGraph:
                 self.sources.append(("size", r.meta["val"]))
             else:
                 raise Unsupported(f"graph output {r!r} that is not a tensor")
-        fn, random = _interpreter(gm, placeholders, computed, mutations)
+        placeholder_metas = [p.meta.get("val") for p in placeholders]
+        self.bucketing = _bucketing(gm, placeholders, placeholder_metas, mutations)
+        fn, random = _interpreter(gm, placeholders, computed, mutations, self.bucketing)
 
         # The operator takes the inputs in four lists (schemas are limited to 64 arguments):
         # mutated tensors, other tensors, integers (static), other numbers (run time).
@@ -273,19 +454,33 @@ class CompiledGraph:
                     placed[i] = v
             return placed
 
+        n_ints, n_scalars = len(groups["ints"]), len(groups["scalars"])
+        bucketing = self.bucketing
+
         def lowering(mutated, tensors, ints, scalars, *, key=None):
-            return fn(*regroup(mutated, tensors, ints, scalars), key=key)
+            if bucketing is None:
+                return fn(*regroup(mutated, tensors, ints, scalars), key=key)
+            truth, modes, extra = _unpack(bucketing, ints[n_ints:], scalars[n_scalars:])
+            inputs = regroup(mutated, tensors, ints[:n_ints], scalars[:n_scalars])
+            for i, mode in modes.items():
+                if mode == _GATHER:
+                    inputs[i] = _gather_input(bucketing, placeholders[i], inputs[i], truth,
+                                              extra)
+            return fn(*inputs, key=key, truth=truth)
 
         lowering.__name__ = "compiled_graph"
         name = f"graph_{next(_counter)}"
         _lib.define(f"{name}(Tensor(a!)[] mutated, Tensor[] tensors, SymInt[] ints, "
                     "Scalar[] scalars) -> Tensor[]")
         out_metas = [r.meta["val"] for r in computed]
-        placeholder_metas = [p.meta.get("val") for p in placeholders]
 
         def fake(mutated, tensors, ints, scalars):
-            inputs = regroup(mutated, tensors, ints, scalars)
+            inputs = regroup(mutated, tensors, ints[:n_ints], scalars[:n_scalars])
             device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), "meta")
+            if bucketing is not None:
+                b = dict(zip(bucketing.symbols, ints[n_ints:]))
+                return [torch.empty((_capacity(m, b),), dtype=m.dtype, device=device)
+                        for m in out_metas]
             b = bind(placeholder_metas, inputs)
             outs = []
             for m, d in zip(out_metas, dense):
@@ -303,18 +498,60 @@ class CompiledGraph:
         _impl.impl(name, dispatch.executor_kernel(self.op))
         self.n_inputs = len(placeholders)
         self.placeholder_metas = placeholder_metas
+        self.out_metas = out_metas
         self.symbolic = any(_is_symbolic(m) for m in placeholder_metas)
         self._boxed_call = True  # AOTAutograd: __call__ takes the boxed list (kept by wraps)
 
     def __call__(self, args: list):
         """AOTAutograd's boxed calling convention: one list of inputs, which we clear."""
         args = list(args)
+        sizes = bind(self.placeholder_metas, args) if self.symbolic else {}
+        if self.bucketing is not None:
+            return self._call_bucketed(args, sizes)
         if self.symbolic:
             recompiles.note(self.op, _signature(args), f"compiled graph {self.op}")
         g = self.groups
         outs = iter(self.op([args[i] for i in g["mutated"]], [args[i] for i in g["tensors"]],
                             [args[i] for i in g["ints"]], [args[i] for i in g["scalars"]]))
-        sizes = bind(self.placeholder_metas, args) if self.symbolic else {}
+        return self._results(args, outs, sizes)
+
+    def _results(self, args: list, outs, sizes: dict) -> list:
         return [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input"
                 else concrete((s[1],), sizes)[0] if s[0] == "size" else None
                 for s in self.sources]
+
+    def _call_bucketed(self, args: list, sizes: dict) -> list:
+        """Inputs padded to the bucket, true sizes passed at run time, outputs viewed back
+        at their true sizes (and strides)."""
+        plan = self.bucketing
+        steps = plan.steps
+        padded = {s: buckets.bucket(v, steps) if s in plan.sizes.symbols else v
+                  for s, v in sizes.items()}
+        g = self.groups
+        passed = list(args)
+        modes, extra = [], []
+        for i in g["ints"]:
+            m = self.placeholder_metas[i]
+            passed[i] = concrete((m,), padded)[0] if isinstance(m, torch.SymInt) else args[i]
+        for i in g["tensors"]:
+            layout = plan.layouts[_placeholder(plan, i)]
+            if plan.padded(layout):
+                passed[i], mode = _pad_input(args[i], self.placeholder_metas[i], layout, plan,
+                                             padded, extra)
+                modes.append(mode)
+        ints = [passed[i] for i in g["ints"]] + [padded[s] for s in plan.symbols] + modes
+        scalars = [args[i] for i in g["scalars"]] + [sizes[s] for s in plan.symbols] + extra
+        recompiles.note(self.op, _signature([passed[i] for i in g["tensors"]] + ints),
+                        f"compiled graph {self.op} (sizes padded to buckets)", unit="argument",
+                        advice="Each new bucket compiles a new program: fewer buckets "
+                        "(TORCH_PJRT_BUCKETS=1 or 2) compile less.")
+        misses = counters._counters["cache_misses"]
+        outs = self.op([args[i] for i in g["mutated"]], [passed[i] for i in g["tensors"]],
+                       ints, scalars)
+        if counters._counters["cache_misses"] != misses:
+            counters.count("bucketed_graph_programs")
+        for flat in outs:
+            _remember(flat)
+        views_ = (flat.as_strided(concrete(m.shape, sizes), concrete(m.stride(), sizes), 0)
+                  for flat, m in zip(outs, self.out_metas))
+        return self._results(args, views_, sizes)

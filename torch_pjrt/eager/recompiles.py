@@ -25,9 +25,11 @@ def describe(old: tuple, new: tuple, unit: str = "input") -> str:
     return "; ".join(diffs[:3]) or "static arguments"
 
 
-def note(code, signature: tuple, name: str, unit: str = "input") -> None:
+def note(code, signature: tuple, name: str, unit: str = "input", advice: str | None = None
+         ) -> None:
     """Record that the program for `code` (anything hashable naming it) runs with
-    `signature`; warn once past LIMIT of them, calling it `name`."""
+    `signature`; warn once past LIMIT of them, calling it `name` (and `advice`, if given,
+    replacing the default advice)."""
     seen = _seen.setdefault(code, {})
     if signature in seen:
         return
@@ -39,5 +41,6 @@ def note(code, signature: tuple, name: str, unit: str = "input") -> None:
         _warned.add(code)
         warnings.warn(
             f"pjrt: {name} has been compiled for {len(seen)} different inputs; the last "
-            f"change was {describe(previous, signature, unit)}. Each new shape compiles a new "
-            "program: pad inputs to a few fixed sizes to avoid recompiling.", stacklevel=3)
+            f"change was {describe(previous, signature, unit)}. " + (advice or (
+                "Each new shape compiles a new program: pad inputs to a few fixed sizes to "
+                "avoid recompiling.")), stacklevel=3)
