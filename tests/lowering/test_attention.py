@@ -43,6 +43,8 @@ CASES = {
     "bool_mask": (*_qkv(), torch.rand(B, 1, L, S) > 0.3, {}),
     "fully_masked_row": (*_qkv(), _masked_row_mask(), {}),
     "gqa": (*_qkv(heads_kv=2), None, {"enable_gqa": True}),
+    "gqa_causal": (*_qkv(heads_kv=2), None, {"enable_gqa": True, "is_causal": True}),
+    "causal_scale_dropout_free": (*_qkv(), None, {"is_causal": True, "scale": 0.5}),
     "unbatched": (*_qkv(batch=()), None, {}),
 }
 
@@ -119,11 +121,13 @@ def _fused_lowering(q, k, v, bias, is_causal, scale, cot):
     return [_torch(out)] + [_torch(g) for g in grads]
 
 
-@pytest.fixture(params=["dense", "chunked"])
+@pytest.fixture(params=["dense", "chunked", "query_blocks", "query_blocks_chunked"])
 def strategy(request, monkeypatch):
-    if request.param == "chunked":  # blocks of 4 keys: 9 keys make 3 blocks, one padded
+    if "chunked" in request.param:  # blocks of 4 keys: 9 keys make 3 blocks, one padded
         monkeypatch.setattr(attention, "DENSE_SCORES_LIMIT", 0)
         monkeypatch.setattr(attention, "KEY_BLOCK", 4)
+    if "query_blocks" in request.param:  # causal: 7 queries in blocks of 3, 3 and 1
+        monkeypatch.setattr(attention, "QUERY_BLOCK_MIN", 2)
     return request.param
 
 
@@ -143,16 +147,34 @@ def test_fused_attention_lowering(case, strategy):
             torch.testing.assert_close(a, e, atol=2e-5, rtol=2e-5)
 
 
-def test_fused_attention_dropout_backward_matches_its_forward(strategy):
+def test_fused_attention_causal_with_a_bias(strategy):
+    # F.scaled_dot_product_attention takes a mask or is_causal; the op can get both.
+    q, k, v = _qkv(heads_kv=2)
+    bias = torch.randn(B, 1, L, S)
+    causal = torch.ones(L, S, dtype=torch.bool).tril()
+    combined = bias.masked_fill(~causal, NEG_INF)
+    cot = torch.randn(q.shape[:-1] + (v.shape[-1],))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, combined)]
+    out = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], enable_gqa=True)
+    out.backward(cot)
+    actual = _fused_lowering(q, k, v, bias, True, None, cot)
+    expected = [out] + [t.grad for t in leaves]
+    expected[-1] = expected[-1].masked_fill(~causal, 0)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_dropout_backward_matches_its_forward(strategy, causal):
     q, k, v = (_jax(t) for t in _qkv())
     key = jax.random.key(7)
 
     def forward(q):
-        return attention.sdpa_fused_overrideable(q, k, v, None, 0.4, False, False, key=key)
+        return attention.sdpa_fused_overrideable(q, k, v, None, 0.4, causal, False, key=key)
 
     out, lse, _, _, seed, offset, _ = forward(q)
     dq = attention.sdpa_fused_overrideable_backward(
-        jnp.ones_like(out), q, k, v, None, [True] * 4, out, lse, None, None, L, S, 0.4, False,
+        jnp.ones_like(out), q, k, v, None, [True] * 4, out, lse, None, None, L, S, 0.4, causal,
         seed, offset)[0]
     expected = jax.grad(lambda q: jnp.sum(forward(q)[0]))(q)
     np.testing.assert_allclose(np.asarray(dq), np.asarray(expected), atol=1e-4, rtol=1e-4)

@@ -1,8 +1,11 @@
 """Scaled dot-product attention: the fused (overrideable) op and its backward, _safe_softmax.
 
-The attention core works on (batch, kv_heads, group, length, dim) arrays, so
-grouped-query attention (fewer key/value heads) needs no repeated keys. Two
-strategies, chosen by the size of the score matrix:
+The attention core works on (batch, kv_heads, rows, dim) queries, where the rows
+are the query heads sharing a key/value head times the positions, so
+grouped-query attention (fewer key/value heads) needs no repeated keys and every
+product is one batched matmul. Causal attention splits the queries into blocks
+that each meet only the keys they can see. Per block, two strategies, chosen by
+the size of its score matrix:
 
 - dense: the scores, softmax and both products as single XLA ops (fastest
   while the scores fit comfortably in memory);
@@ -30,6 +33,11 @@ from .linalg import precision
 # Score matrices with more elements than this are computed block by block.
 DENSE_SCORES_LIMIT = 1 << 26
 KEY_BLOCK = 512
+# Causal attention splits the queries into up to QUERY_BLOCKS blocks of at least
+# QUERY_BLOCK_MIN rows; each block only meets the keys it can see (about 5/8 of the
+# score matrix for four blocks instead of all of it).
+QUERY_BLOCKS = 4
+QUERY_BLOCK_MIN = 64
 
 
 def _acc(dtype):
@@ -43,7 +51,12 @@ def _einsum(spec, a, b):
 
 # -------------------------------------------------------------- shapes
 class _Layout:
-    """How (..., Hq, L, E) inputs map to the core's (B, Hk, G, L, E) and back."""
+    """How (..., Hq, L, E) inputs map to the core's arrays and back.
+
+    The core sees queries as (B, Hk, R, E), where the R rows are the G query heads
+    that share one key/value head times the L positions (G = 1 without grouped-query
+    attention), and keys and values as (B, Hk, S, E): every product is one batched
+    matmul over (B, Hk), the layout XLA's dot emitters handle best."""
 
     def __init__(self, q, k):
         self.batch = q.shape[:-3] if q.ndim >= 3 else ()
@@ -54,10 +67,16 @@ class _Layout:
         self.lq, self.s = q.shape[-2], k.shape[-2]
 
     def query(self, q):
+        """(B, Hk, G, L, E): split into query blocks along L, then rows()."""
         return q.reshape(self.b, self.hk, self.g, self.lq, q.shape[-1])
 
     def kv(self, t):
-        return t.reshape(self.b, self.hk, 1, self.s, t.shape[-1])
+        return t.reshape(self.b, self.hk, self.s, t.shape[-1])
+
+    @staticmethod
+    def rows(t):
+        """(B, Hk, G, L, ...) -> (B, Hk, G * L, ...)."""
+        return t.reshape(t.shape[:2] + (t.shape[2] * t.shape[3],) + t.shape[4:])
 
     def bias(self, bias):
         """The bias as (B|1, Hk|1, G|1, L|1, S|1), without broadcasting more than needed."""
@@ -73,6 +92,15 @@ class _Layout:
         heads = (self.hk, self.g) if h != 1 else (1, 1)
         return bias.reshape((b,) + heads + (lq, s))
 
+    @staticmethod
+    def bias_rows(bias, g: int):
+        """A (B|1, Hk|1, G|1, L|1, S|1) bias block as rows: (B|1, Hk|1, R|1, S|1)."""
+        if bias is None:
+            return None
+        if g > 1 and bias.shape[2:4] != (1, 1):
+            bias = jnp.broadcast_to(bias, bias.shape[:2] + (g,) + bias.shape[3:])
+        return bias.reshape(bias.shape[:2] + (bias.shape[2] * bias.shape[3], bias.shape[4]))
+
     def bias_back(self, grad, bias_shape):
         """Sum a (B, Hk, G, L, S) gradient down to the bias's own shape."""
         full = self.batch + (self.hq, self.lq, self.s)
@@ -83,18 +111,22 @@ class _Layout:
         return grad.reshape(bias_shape)
 
 
-def _masked_scores(s, bias, causal, q_offset, k_offset, s_valid):
-    """Scores with the bias added and the causal / padding masks applied (-inf)."""
+def _masked_scores(s, bias, causal, q_offset, k_offset, s_valid, lq):
+    """Scores with the bias added and the causal / padding masks applied (-inf).
+    Row r of the scores is query position q_offset + r % lq."""
     if bias is not None:
         if bias.dtype == jnp.bool_:
             s = jnp.where(bias, s, -jnp.inf)
         else:
             s = s + bias.astype(s.dtype)
-    lq, blk = s.shape[-2:]
+    rows, blk = s.shape[-2:]
     if causal or s_valid is not None:
-        row = lax.broadcasted_iota(jnp.int32, (lq, blk), 0) + q_offset
-        col = lax.broadcasted_iota(jnp.int32, (lq, blk), 1) + k_offset
-        keep = jnp.ones((lq, blk), jnp.bool_)
+        row = lax.broadcasted_iota(jnp.int32, (rows, blk), 0)
+        if rows != lq:
+            row = row % lq
+        row = row + q_offset
+        col = lax.broadcasted_iota(jnp.int32, (rows, blk), 1) + k_offset
+        keep = jnp.ones((rows, blk), jnp.bool_)
         if causal:  # PyTorch's causal mask is tril(ones(L, S)): aligned top-left
             keep = keep & (col <= row)
         if s_valid is not None:
@@ -108,9 +140,9 @@ def _dropout_keep(key, p, shape):
 
 
 # -------------------------------------------------------------- dense
-def _dense_forward(q, k, v, bias, causal, scale, p, key):
-    s = _einsum("bhgle,bhkse->bhgls", q, k) * scale
-    s = _masked_scores(s, bias, causal, 0, 0, None)
+def _dense_forward(q, k, v, bias, causal, scale, p, key, q_offset, lq):
+    s = _einsum("bhre,bhse->bhrs", q, k) * scale
+    s = _masked_scores(s, bias, causal, q_offset, 0, None, lq)
     m = jnp.max(s, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0)
     e = jnp.exp(s - m)
@@ -120,16 +152,17 @@ def _dense_forward(q, k, v, bias, causal, scale, p, key):
     lse = jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1)), -jnp.inf)[..., 0]
     if p > 0:
         probs = jnp.where(_dropout_keep(key, p, probs.shape), probs / (1 - p), 0)
-    out = _einsum("bhgls,bhkse->bhgle", probs.astype(v.dtype), v)
+    out = _einsum("bhrs,bhse->bhre", probs.astype(v.dtype), v)
     return out, lse
 
 
-def _dense_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_bias):
-    s = _einsum("bhgle,bhkse->bhgls", q, k) * scale
-    s = _masked_scores(s, bias, causal, 0, 0, None)
+def _dense_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_bias,
+                    q_offset, lq):
+    s = _einsum("bhre,bhse->bhrs", q, k) * scale
+    s = _masked_scores(s, bias, causal, q_offset, 0, None, lq)
     finite = jnp.isfinite(lse)[..., None]
     probs = jnp.where(finite, jnp.exp(s - jnp.where(finite, lse[..., None], 0)), 0)
-    dp = _einsum("bhgle,bhkse->bhgls", grad, v)
+    dp = _einsum("bhre,bhse->bhrs", grad, v)
     dropped = probs
     if p > 0:
         keep = _dropout_keep(key, p, probs.shape)
@@ -137,9 +170,9 @@ def _dense_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_b
         dp = jnp.where(keep, dp / (1 - p), 0)
     delta = jnp.sum(grad.astype(dp.dtype) * out.astype(dp.dtype), axis=-1, keepdims=True)
     ds = probs * (dp - delta)
-    dq = _einsum("bhgls,bhkse->bhgle", ds, k) * scale
-    dk = _einsum("bhgls,bhgle->bhse", ds, q)[:, :, None] * scale
-    dv = _einsum("bhgls,bhgle->bhse", dropped, grad)[:, :, None]
+    dq = _einsum("bhrs,bhse->bhre", ds, k) * scale
+    dk = _einsum("bhrs,bhre->bhse", ds, q) * scale
+    dv = _einsum("bhrs,bhre->bhse", dropped, grad)
     return dq, dk, dv, (ds if want_bias else None)
 
 
@@ -160,16 +193,16 @@ def _blocks(t, axis, blk, n_blocks):
 def _key_blocks(k, v, bias):
     """The key axis in blocks of KEY_BLOCK (the last zero-padded): (block size, number of
     blocks, the true length when padded else None, k, v and bias split into blocks)."""
-    s_len = k.shape[-2]
+    s_len = k.shape[2]
     blk = min(KEY_BLOCK, s_len)
     n_blocks = -(-s_len // blk)
     s_valid = s_len if n_blocks * blk != s_len else None
-    ks, vs = _blocks(k, 3, blk, n_blocks), _blocks(v, 3, blk, n_blocks)
-    bias_blocks = None if bias is None else _blocks(bias, 4, blk, n_blocks)
+    ks, vs = _blocks(k, 2, blk, n_blocks), _blocks(v, 2, blk, n_blocks)
+    bias_blocks = None if bias is None else _blocks(bias, 3, blk, n_blocks)
     return blk, n_blocks, s_valid, ks, vs, bias_blocks
 
 
-def _chunked_forward(q, k, v, bias, causal, scale, p, key):
+def _chunked_forward(q, k, v, bias, causal, scale, p, key, q_offset, lq):
     blk, n_blocks, s_valid, ks, vs, bias_blocks = _key_blocks(k, v, bias)
     acc_t = _acc(q.dtype)
     shape = q.shape[:-1]
@@ -179,8 +212,8 @@ def _chunked_forward(q, k, v, bias, causal, scale, p, key):
         i, kb, vb = xs[:3]
         bb = bias if bias is not None and bias_blocks is None else (
             xs[3] if bias is not None else None)
-        s = _einsum("bhgle,bhkse->bhgls", q, kb) * scale
-        s = _masked_scores(s, bb, causal, 0, i * blk, s_valid)
+        s = _einsum("bhre,bhse->bhrs", q, kb) * scale
+        s = _masked_scores(s, bb, causal, q_offset, i * blk, s_valid, lq)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
         e = jnp.exp(s - m_safe[..., None])
@@ -190,7 +223,7 @@ def _chunked_forward(q, k, v, bias, causal, scale, p, key):
         if p > 0:
             keep = _dropout_keep(jax.random.fold_in(key, i), p, e.shape)
             e = jnp.where(keep, e / (1 - p), 0)
-        acc = acc * rescale[..., None] + _einsum("bhgls,bhkse->bhgle", e.astype(vb.dtype), vb)
+        acc = acc * rescale[..., None] + _einsum("bhrs,bhse->bhre", e.astype(vb.dtype), vb)
         return (m_new, total, acc), None
 
     init = (jnp.full(shape, -jnp.inf, acc_t), jnp.zeros(shape, acc_t),
@@ -204,7 +237,8 @@ def _chunked_forward(q, k, v, bias, causal, scale, p, key):
     return out, lse
 
 
-def _chunked_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_bias):
+def _chunked_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want_bias,
+                      q_offset, lq):
     blk, n_blocks, s_valid, ks, vs, bias_blocks = _key_blocks(k, v, bias)
     finite = jnp.isfinite(lse)[..., None]
     lse_safe = jnp.where(finite, lse[..., None], 0)
@@ -215,19 +249,19 @@ def _chunked_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want
         i, kb, vb = xs[:3]
         bb = bias if bias is not None and bias_blocks is None else (
             xs[3] if bias is not None else None)
-        s = _einsum("bhgle,bhkse->bhgls", q, kb) * scale
-        s = _masked_scores(s, bb, causal, 0, i * blk, s_valid)
+        s = _einsum("bhre,bhse->bhrs", q, kb) * scale
+        s = _masked_scores(s, bb, causal, q_offset, i * blk, s_valid, lq)
         probs = jnp.where(finite, jnp.exp(s - lse_safe), 0)
-        dp = _einsum("bhgle,bhkse->bhgls", grad, vb)
+        dp = _einsum("bhre,bhse->bhrs", grad, vb)
         dropped = probs
         if p > 0:
             keep = _dropout_keep(jax.random.fold_in(key, i), p, probs.shape)
             dropped = jnp.where(keep, probs / (1 - p), 0)
             dp = jnp.where(keep, dp / (1 - p), 0)
         ds = probs * (dp - delta)
-        dq = dq + _einsum("bhgls,bhkse->bhgle", ds, kb) * scale
-        dk = _einsum("bhgls,bhgle->bhse", ds, q)[:, :, None] * scale
-        dv = _einsum("bhgls,bhgle->bhse", dropped, grad)[:, :, None]
+        dq = dq + _einsum("bhrs,bhse->bhre", ds, kb) * scale
+        dk = _einsum("bhrs,bhre->bhse", ds, q) * scale
+        dv = _einsum("bhrs,bhre->bhse", dropped, grad)
         return dq, (dk, dv, ds if want_bias else None)
 
     xs = (jnp.arange(n_blocks), ks, vs) + ((bias_blocks,) if bias_blocks is not None else ())
@@ -236,14 +270,80 @@ def _chunked_backward(grad, q, k, v, bias, out, lse, causal, scale, p, key, want
     def unblock(t, axis):  # (n_blocks, ..., blk, ...) -> (..., S, ...)
         t = jnp.moveaxis(t, 0, axis)
         t = t.reshape(t.shape[:axis] + (n_blocks * blk,) + t.shape[axis + 2:])
-        return lax.slice_in_dim(t, 0, k.shape[-2], axis=axis)
+        return lax.slice_in_dim(t, 0, k.shape[2], axis=axis)
 
-    ds = unblock(dss, 4) if want_bias else None
-    return dq, unblock(dks, 3), unblock(dvs, 3), ds
+    ds = unblock(dss, 3) if want_bias else None
+    return dq, unblock(dks, 2), unblock(dvs, 2), ds
 
 
-def _dense(layout) -> bool:
-    return layout.b * layout.hq * layout.lq * layout.s <= DENSE_SCORES_LIMIT
+# -------------------------------------------------------------- query blocks
+def _query_blocks(lq: int, s: int, causal: bool) -> list[tuple[int, int, int]]:
+    """(first row, end row, keys seen) per query block: causal rows [a, b) see keys [0, b)."""
+    n = min(QUERY_BLOCKS, lq // QUERY_BLOCK_MIN) if causal else 1
+    if n < 2:
+        return [(0, lq, s)]
+    blk = -(-lq // n)
+    return [(a, min(a + blk, lq), min(a + blk, lq, s)) for a in range(0, lq, blk)]
+
+
+def _block_bias(bias, a, b, end):
+    """The rows [a, b) and keys [0, end) of a (B|1, Hk|1, G|1, L|1, S|1) bias."""
+    if bias is None:
+        return None
+    if bias.shape[3] != 1:
+        bias = bias[:, :, :, a:b]
+    if bias.shape[4] != 1:
+        bias = bias[..., :end]
+    return bias
+
+
+def _core(layout, size: int):
+    """The dense or the chunked core, by the size of one block's score matrix."""
+    return layout.b * layout.hq * size <= DENSE_SCORES_LIMIT
+
+
+def _attend(q5, k, v, bias5, causal, scale, p, key, layout):
+    """out (B, Hk, G, L, E) and lse (B, Hk, G, L), query block by query block."""
+    blocks = _query_blocks(layout.lq, layout.s, causal)
+    outs, lses = [], []
+    for i, (a, b, end) in enumerate(blocks):
+        g, rows = layout.g, b - a
+        dense = _core(layout, rows * end)
+        run = _dense_forward if dense else _chunked_forward
+        block_key = key if len(blocks) == 1 or key is None else jax.random.fold_in(key, i)
+        out, lse = run(_Layout.rows(q5[:, :, :, a:b]), k[:, :, :end], v[:, :, :end],
+                       _Layout.bias_rows(_block_bias(bias5, a, b, end), g), causal, scale, p,
+                       block_key, a, rows)
+        outs.append(out.reshape(out.shape[:2] + (g, rows) + out.shape[3:]))
+        lses.append(lse.reshape(lse.shape[:2] + (g, rows)))
+    return jnp.concatenate(outs, 3), jnp.concatenate(lses, 3)
+
+
+def _attend_backward(grad5, q5, k, v, bias5, out5, lse5, causal, scale, p, key, want_bias,
+                     layout):
+    """dq (B, Hk, G, L, E), dk and dv (B, Hk, S, E), d(scores) (B, Hk, G, L, S) or None."""
+    blocks = _query_blocks(layout.lq, layout.s, causal)
+    dqs, dss = [], []
+    dk = dv = None
+    for i, (a, b, end) in enumerate(blocks):
+        g, rows = layout.g, b - a
+        dense = _core(layout, rows * end)
+        run = _dense_backward if dense else _chunked_backward
+        block_key = key if len(blocks) == 1 or key is None else jax.random.fold_in(key, i)
+        dq, dk_i, dv_i, ds = run(
+            _Layout.rows(grad5[:, :, :, a:b]), _Layout.rows(q5[:, :, :, a:b]), k[:, :, :end],
+            v[:, :, :end], _Layout.bias_rows(_block_bias(bias5, a, b, end), g),
+            _Layout.rows(out5[:, :, :, a:b]), _Layout.rows(lse5[:, :, :, a:b]), causal, scale,
+            p, block_key, want_bias, a, rows)
+        dqs.append(dq.reshape(dq.shape[:2] + (g, rows) + dq.shape[3:]))
+        pad = [(0, 0), (0, 0), (0, layout.s - end), (0, 0)]
+        dk_i, dv_i = jnp.pad(dk_i, pad), jnp.pad(dv_i, pad)
+        dk, dv = (dk_i, dv_i) if dk is None else (dk + dk_i, dv + dv_i)
+        if want_bias:
+            ds = jnp.pad(ds, [(0, 0), (0, 0), (0, 0), (0, layout.s - end)])
+            dss.append(ds.reshape(ds.shape[:2] + (g, rows) + ds.shape[3:]))
+    return (jnp.concatenate(dqs, 3), dk, dv,
+            jnp.concatenate(dss, 3) if want_bias else None)
 
 
 def _scale(q, scale):
@@ -255,10 +355,9 @@ def _scale(q, scale):
 def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
                             return_debug_mask=False, *, scale=None, key):
     layout = _Layout(q, k)
-    qc, kc, vc = layout.query(q), layout.kv(k), layout.kv(v)
     bias = None if attn_bias is None else layout.bias(attn_bias)
-    run = _dense_forward if _dense(layout) else _chunked_forward
-    out, lse = run(qc, kc, vc, bias, is_causal, _scale(q, scale), dropout_p, key)
+    out, lse = _attend(layout.query(q), layout.kv(k), layout.kv(v), bias, is_causal,
+                       _scale(q, scale), dropout_p, key, layout)
     out = out.reshape(q.shape[:-1] + (v.shape[-1],)).astype(q.dtype)
     lse = lse.reshape(layout.b if q.ndim == 4 else 1, layout.hq, layout.lq)
     seed, offset = _key_to_philox(key)
@@ -281,15 +380,14 @@ def sdpa_fused_overrideable_backward(grad, q, k, v, attn_bias, grad_input_mask, 
                                      cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                                      philox_seed, philox_offset, *, scale=None):
     layout = _Layout(q, k)
-    qc, kc, vc = layout.query(q), layout.kv(k), layout.kv(v)
     bias = None if attn_bias is None else layout.bias(attn_bias)
     want_bias = attn_bias is not None and grad_input_mask[3] \
         and jnp.issubdtype(attn_bias.dtype, jnp.floating)
     key = _philox_to_key(philox_seed, philox_offset) if dropout_p > 0 else None
     lse = logsumexp.reshape(layout.b, layout.hk, layout.g, layout.lq)
-    run = _dense_backward if _dense(layout) else _chunked_backward
-    dq, dk, dv, ds = run(layout.query(grad), qc, kc, vc, bias, layout.query(out), lse,
-                         is_causal, _scale(q, scale), dropout_p, key, want_bias)
+    dq, dk, dv, ds = _attend_backward(layout.query(grad), layout.query(q), layout.kv(k),
+                                      layout.kv(v), bias, layout.query(out), lse, is_causal,
+                                      _scale(q, scale), dropout_p, key, want_bias, layout)
     grads = [dq.reshape(q.shape).astype(q.dtype), dk.reshape(k.shape).astype(k.dtype),
              dv.reshape(v.shape).astype(v.dtype),
              layout.bias_back(ds, attn_bias.shape).astype(attn_bias.dtype) if want_bias else None]
