@@ -216,3 +216,28 @@ def test_training_at_a_second_shape_stays_compiled():
             torch.testing.assert_close(loss.cpu(), expected, atol=1e-5, rtol=1e-5)
     for p, q in zip(dev.parameters(), model.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4)
+
+
+DIFFERENT_GRAPH = """
+import torch, torch_pjrt
+f = torch.compile(lambda x: torch.{fn}(x) * 2, backend="pjrt")
+x = torch.linspace(-2, 2, 12).reshape(3, 4)
+assert torch.allclose(f(x.to("pjrt")).cpu(), torch.{fn}(x) * 2, atol=1e-6), "{fn}"
+m = torch_pjrt.metrics()
+print("hits", m.get("disk_cache_hits", 0))
+"""
+
+
+def test_persistent_cache_tells_graphs_apart_across_processes(tmp_path):
+    # Each process's first compiled graph has the same inputs; the programs differ.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path)}
+    for fn, warm in (("sin", False), ("cos", False), ("sin", True)):
+        out = subprocess.run([sys.executable, "-c", DIFFERENT_GRAPH.format(fn=fn)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        hits = int(out.stdout.split()[-1])
+        assert (hits > 0) == warm, (fn, out.stdout)

@@ -15,7 +15,7 @@ per shape.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import math
 import operator
 import warnings
@@ -35,7 +35,26 @@ from . import buckets
 
 _lib = torch.library.Library("pjrt_graphs", "DEF")
 _impl = torch.library.Library("pjrt_graphs", "IMPL", "PrivateUse1")
-_counter = itertools.count()
+_defined: dict[str, Any] = {}  # fingerprint -> the operator defined for it
+
+
+def fingerprint(gm: torch.fx.GraphModule, *settings) -> str:
+    """A digest of everything a graph's program depends on: its nodes with their shapes,
+    strides and dtypes, its constants, and the settings that shape its lowering. It names
+    the graph's operator, and so keys the program in the persistent cache: the n-th graph
+    of two different programs must not share a compiled program."""
+    h = hashlib.sha256()
+    text = gm.print_readable(print_output=False, include_stride=True, include_device=True)
+    for line in text.splitlines():
+        if not line.lstrip().startswith("#"):  # source locations: not part of the program
+            h.update(line.encode())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            if isinstance(value, torch.Tensor):
+                h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    h.update(repr(settings).encode())
+    return h.hexdigest()[:24]
 
 
 class Unsupported(Exception):
@@ -387,6 +406,40 @@ _SIZE_QUERIES = {
 }
 
 
+# View ops that a saved activation may apply to a graph input: such an output is made on
+# the host as a view of the input (as PyTorch would), not copied out by the program.
+_aten = torch.ops.aten
+_HOST_VIEWS = {_aten.t.default, _aten.transpose.int, _aten.permute.default,
+               _aten.view.default, _aten.unsqueeze.default, _aten.squeeze.dim,
+               _aten.expand.default, _aten.slice.Tensor, _aten.select.int,
+               _aten.alias.default, _aten.detach.default}
+
+
+def _input_view(node, placeholders: list, mutations: dict) -> tuple | None:
+    """(input index, [(view op, arguments), ...]) when `node` is only views of an input
+    that the graph does not mutate (a transposed weight saved for the backward)."""
+    steps = []
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" \
+            and node.target in _HOST_VIEWS:
+        rest = node.args[1:]
+        if node.kwargs or any(isinstance(a, (torch.fx.Node, torch.SymInt)) or
+                              (isinstance(a, (list, tuple)) and
+                               any(isinstance(x, (torch.fx.Node, torch.SymInt)) for x in a))
+                              for a in rest):
+            return None
+        steps.append((node.target, rest))
+        node = node.args[0]
+    if not steps or node not in placeholders or placeholders.index(node) in mutations:
+        return None
+    return placeholders.index(node), steps[::-1]
+
+
+def _apply_views(t: torch.Tensor, steps: list) -> torch.Tensor:
+    for op, rest in steps:
+        t = op(t, *rest)
+    return t
+
+
 class CompiledGraph:
     """Calls the graph's operator with the graph's inputs; outputs that are inputs pass
     through untouched."""
@@ -419,6 +472,9 @@ class CompiledGraph:
                 self.sources.append(("none",))
             elif r in placeholders:
                 self.sources.append(("input", placeholders.index(r)))
+            elif internal_from is not None and i >= internal_from and \
+                    (view := _input_view(r, placeholders, mutations)) is not None:
+                self.sources.append(("view", *view))
             elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor):
                 self.sources.append(("computed",))
                 computed.append(r)
@@ -469,10 +525,19 @@ class CompiledGraph:
             return fn(*inputs, key=key, truth=truth)
 
         lowering.__name__ = "compiled_graph"
-        name = f"graph_{next(_counter)}"
+        out_metas = [r.meta["val"] for r in computed]
+        name = "graph_" + fingerprint(gm, internal_from,
+                                      None if bucketing is None else bucketing.steps)
+        self.n_inputs = len(placeholders)
+        self.placeholder_metas = placeholder_metas
+        self.out_metas = out_metas
+        self.symbolic = any(_is_symbolic(m) for m in placeholder_metas)
+        self._boxed_call = True  # AOTAutograd: __call__ takes the boxed list (kept by wraps)
+        if name in _defined:  # the same graph again (a reset, another model instance)
+            self.op = _defined[name]
+            return
         _lib.define(f"{name}(Tensor(a!)[] mutated, Tensor[] tensors, SymInt[] ints, "
                     "Scalar[] scalars) -> Tensor[]")
-        out_metas = [r.meta["val"] for r in computed]
 
         def fake(mutated, tensors, ints, scalars):
             inputs = regroup(mutated, tensors, ints[:n_ints], scalars[:n_scalars])
@@ -496,11 +561,7 @@ class CompiledGraph:
         from ..eager import dispatch
 
         _impl.impl(name, dispatch.executor_kernel(self.op))
-        self.n_inputs = len(placeholders)
-        self.placeholder_metas = placeholder_metas
-        self.out_metas = out_metas
-        self.symbolic = any(_is_symbolic(m) for m in placeholder_metas)
-        self._boxed_call = True  # AOTAutograd: __call__ takes the boxed list (kept by wraps)
+        _defined[name] = self.op
 
     def __call__(self, args: list):
         """AOTAutograd's boxed calling convention: one list of inputs, which we clear."""
@@ -517,7 +578,8 @@ class CompiledGraph:
 
     def _results(self, args: list, outs, sizes: dict) -> list:
         return [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input"
-                else concrete((s[1],), sizes)[0] if s[0] == "size" else None
+                else concrete((s[1],), sizes)[0] if s[0] == "size"
+                else _apply_views(args[s[1]], s[2]) if s[0] == "view" else None
                 for s in self.sources]
 
     def _call_bucketed(self, args: list, sizes: dict) -> list:
