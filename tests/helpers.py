@@ -49,3 +49,15 @@ def compare(fn: Callable, *args, atol: float = 1e-5, rtol: float = 1.3e-6, **kwa
     actual = fn(*to_device(args), **to_device(kwargs))
     assert_same(actual, expected, atol=atol, rtol=rtol)
     return actual
+
+
+def outputs_and_grads(fn: Callable, *tensors: torch.Tensor, seed: int = 1) -> list:
+    """fn's output and the gradients of its floating-point inputs, for a fixed random
+    cotangent (the same on every device): what differential backward tests compare."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in tensors]
+    out = fn(*leaves)
+    if not out.requires_grad:
+        return [out]
+    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
+    out.backward(cot.to(out.device))
+    return [out] + [t.grad for t in leaves if t.requires_grad]

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_same, to_device
+from helpers import assert_same, outputs_and_grads, to_device
 from opinfo_diff import check_samples, fallbacks_of
 
 import torch_pjrt
@@ -49,14 +49,6 @@ CASES = {
 }
 
 
-def _grads(fn, *tensors, seed=1):
-    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in tensors]
-    out = fn(*leaves)
-    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
-    out.backward(cot.to(out.device))
-    return [out] + [t.grad for t in leaves if t.requires_grad]
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sdpa_matches_cpu(case):
     q, k, v, mask, kw = CASES[case]
@@ -65,7 +57,8 @@ def test_sdpa_matches_cpu(case):
     def fn(q, k, v, mask=None):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
-    assert_same(_grads(fn, *to_device(tensors)), _grads(fn, *tensors), atol=2e-5, rtol=2e-5)
+    assert_same(outputs_and_grads(fn, *to_device(tensors)), outputs_and_grads(fn, *tensors),
+                atol=2e-5, rtol=2e-5)
     assert not fallbacks_of(ATTENTION_OPS)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_same, to_device
+from helpers import assert_same, outputs_and_grads, to_device
 from opinfo_diff import check_samples, fallbacks_of
 
 import torch_pjrt
@@ -15,18 +15,9 @@ aten = torch.ops.aten
 CONV_OPS = ("convolution",)
 
 
-def _grads(fn, *tensors, seed=1):
-    """fn's output and the gradients of its inputs, for a fixed random cotangent."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
-    out = fn(*leaves)
-    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
-    out.backward(cot.to(out.device))
-    return [out] + [t.grad for t in leaves]
-
-
 def _compare_grads(fn, *tensors, atol=1e-4, rtol=1e-4):
-    expected = _grads(fn, *tensors)
-    actual = _grads(fn, *to_device(tensors))
+    expected = outputs_and_grads(fn, *tensors)
+    actual = outputs_and_grads(fn, *to_device(tensors))
     assert_same(actual, expected, atol=atol, rtol=rtol)
 
 

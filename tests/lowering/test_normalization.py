@@ -4,23 +4,16 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_same, to_device
+from helpers import assert_same, outputs_and_grads, to_device
 from opinfo_diff import check_samples, fallbacks_of
 
 aten = torch.ops.aten
 NORM_OPS = ("batch_norm", "group_norm")
 
 
-def _grads(fn, *tensors, seed=1):
-    leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
-    out = fn(*leaves)
-    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
-    out.backward(cot.to(out.device))
-    return [out] + [t.grad for t in leaves]
-
-
 def _compare_grads(fn, *tensors, atol=1e-5, rtol=1e-5):
-    assert_same(_grads(fn, *to_device(tensors)), _grads(fn, *tensors), atol=atol, rtol=rtol)
+    assert_same(outputs_and_grads(fn, *to_device(tensors)), outputs_and_grads(fn, *tensors),
+                atol=atol, rtol=rtol)
     assert not fallbacks_of(NORM_OPS)
 
 

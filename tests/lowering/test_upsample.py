@@ -3,24 +3,14 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_same, to_device
+from helpers import assert_same, outputs_and_grads, to_device
 from opinfo_diff import check_samples, fallbacks_of
 
 UPSAMPLE_OPS = ("upsample",)
 
 
-def _run(fn, x, seed=1):
-    x = x.detach().clone().requires_grad_(x.is_floating_point())
-    out = fn(x)
-    if not x.requires_grad:
-        return [out]
-    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
-    out.backward(cot.to(out.dtype).to(out.device))
-    return [out, x.grad]
-
-
 def _check(fn, x, atol=1e-5, rtol=1.3e-6):
-    assert_same(_run(fn, to_device(x)), _run(fn, x), atol=atol, rtol=rtol)
+    assert_same(outputs_and_grads(fn, to_device(x)), outputs_and_grads(fn, x), atol=atol, rtol=rtol)
     assert not fallbacks_of(UPSAMPLE_OPS)
 
 
