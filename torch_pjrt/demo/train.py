@@ -85,12 +85,14 @@ def evaluate(model: GPT, val: torch.Tensor, cfg: GPTConfig, device: str, batches
 
 
 def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: str,
-          progress: bool) -> list[float]:
+          progress: bool) -> tuple[list[float], float | None]:
+    """The losses of every step, and when (perf_counter) the first step had finished."""
     gen = torch.Generator().manual_seed(args.seed + 1)
     step_model = _compile_step_model(model, args.mode if device.startswith("pjrt") else "eager")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     bar = Progress(args.steps, args.batch_size * cfg.seq_len, progress)
     losses = []
+    first_done = None
     for step in range(1, args.steps + 1):
         x, y = text.batch(train_data, args.batch_size, cfg.seq_len, gen)
         _, loss = step_model(x.to(device), y.to(device))
@@ -99,12 +101,9 @@ def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: st
         opt.step()
         losses.append(loss.item())
         if step == 1:
-            _first_step_done.append(time.perf_counter())
+            first_done = time.perf_counter()
         bar.update(step, losses[-1])
-    return losses
-
-
-_first_step_done: list[float] = []  # when the first training step finished (perf_counter)
+    return losses, first_done
 
 
 def run(args) -> int:
@@ -128,11 +127,10 @@ def run(args) -> int:
 
     torch_pjrt.counters.reset()
     start = time.perf_counter()
-    _first_step_done.clear()
     ctx = _mode_context(args.mode, device)
     model.to(device)
     val_before = evaluate(model, val_data, cfg, device)
-    losses = train(model, train_data, cfg, args, device, progress=True)
+    losses, first_done = train(model, train_data, cfg, args, device, progress=True)
     val_after = evaluate(model, val_data, cfg, device)
     prompt = torch.tensor([list(b"def ")], dtype=torch.long, device=device)
     drawn: list[int] = []  # streamed as they are drawn, as a chat UI would
@@ -149,9 +147,9 @@ def run(args) -> int:
           f"(train loss {losses[0]:.3f} -> {losses[-1]:.3f})")
     print("  sample:\n    " + sample.replace("\n", "\n    "))
     compile_s = m.get("compile_seconds", 0.0)
-    if _first_step_done:
+    if first_done is not None:
         # With a warm persistent compile cache this is a fraction of a cold start's.
-        print(f"  first training step done {_first_step_done[0] - start:.1f} s after the start "
+        print(f"  first training step done {first_done - start:.1f} s after the start "
               f"({m.get('disk_cache_hits', 0)} programs from the disk cache)")
     print(f"  time: {total:.1f} s: compile {compile_s:.1f} s, run {total - compile_s:.1f} s "
           f"({m.get('compiles', 0)} compiles, {m.get('cache_hits', 0)} op cache hits, "
@@ -165,7 +163,7 @@ def run(args) -> int:
         cpu_args = copy.copy(args)
         cpu_args.mode = "eager"
         print("  CPU PyTorch, same initial weights and batches:")
-        cpu_losses = train(cpu_model, train_data, cfg, cpu_args, "cpu", progress=True)
+        cpu_losses, _ = train(cpu_model, train_data, cfg, cpu_args, "cpu", progress=True)
         series["cpu (PyTorch eager)"] = cpu_losses
         diffs = [abs(a - b) for a, b in zip(losses, cpu_losses)]
         print("  step    pjrt loss   cpu loss    |diff|")
