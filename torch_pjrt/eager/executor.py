@@ -8,6 +8,10 @@ layout), traces the lowering into one jitted program that reads the input
 views, computes, lays the outputs out with PyTorch's strides and writes
 mutated views back into their storages, and caches it. A hit costs the key,
 a dictionary lookup and one launch.
+
+The common calls (no keyword arguments) are keyed natively first: the shim packs
+the same metadata into a key of its own (runtime/native/shim.cpp, lookup) under
+which the entry is filed too, the first time the Python key finds it.
 """
 
 from __future__ import annotations
@@ -43,9 +47,14 @@ _PJRT = None  # the torch device type name, set by install()
 
 
 def install(native, device_type: str) -> None:
-    global _native, _PJRT
+    global _native, _PJRT, _lookup
     _native = native
     _PJRT = device_type
+    _lookup = native.lookup
+
+
+def _lookup(plan, args, records, cache):  # replaced by the shim's at install()
+    return None
 
 
 class ExecutionError(RuntimeError):
@@ -58,12 +67,15 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values", "random")
+                 "signature", "values", "random", "call", "ordered")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
+        self.call = None  # the compiled program, once fn has compiled it, if it takes the
+        # storage buffers in argument order (no donation reorders them)
         self.trace = None  # the traced function itself, which fused graphs call
         self.order: list[int] = []  # storage buffers in argument order (donated first)
+        self.ordered = False  # order is the buffers' own order (nothing donated first)
         self.n_results = 0  # arrays the program returns, device-side check flags excluded
         self.result_avals: list[tuple] = []  # (shape, dtype) of each of those arrays
         self.name = ""
@@ -91,7 +103,8 @@ _cache: dict[tuple, Entry] = {}
 
 
 def cache_size() -> int:
-    return len(_cache)
+    """Compiled op signatures (the cache also files entries under the native keys)."""
+    return sum(1 for k in _cache if type(k[0]) is tuple)
 
 
 # ------------------------------------------------------------- device errors
@@ -211,6 +224,18 @@ _counts = counters._counters
 
 def execute(spec: OpSpec, args: tuple, kwargs: dict):
     """Run `spec.op` on pjrt tensors with its lowering, compiling on first use."""
+    fast_key = None
+    if not kwargs and not modes.debug:
+        # The common case, keyed natively: (entry, recs, dyn, device) on a hit.
+        hit = _lookup(spec.plan, args, _records, _cache)
+        if hit is not None:
+            entry = hit[0]
+            if entry is not None:
+                _counts["cache_hits"] += 1
+                if modes.fused:
+                    return _run_fused(spec, entry, hit, args)
+                return _run_strict(spec, entry, hit, args)
+            fast_key = hit[1]
     values = opspec.normalize(spec, args, kwargs)
     call = _Call(spec, values)
     key = _key(call)
@@ -219,18 +244,22 @@ def execute(spec: OpSpec, args: tuple, kwargs: dict):
     key = (key, call.device)  # programs are compiled for one device
     entry = _cache.get(key)
     if entry is None:
-        return _execute_miss(call, key)
+        return _execute_miss(call, key, fast_key)
     _counts["cache_hits"] += 1
     if entry.resize is not None:
         return _resize_and_run(call, entry)
+    if fast_key is not None and not entry.random:
+        _cache[fast_key] = entry
     return _launch(call, entry)
 
 
-def _execute_miss(call: _Call, key: tuple):
+def _execute_miss(call: _Call, key: tuple, fast_key: tuple | None = None):
     counters.count("cache_misses")
     entry = _cache[key] = _compile(call, key[0])
     if entry.resize is not None:
         return _resize_and_run(call, entry)
+    if fast_key is not None and not entry.random:
+        _cache[fast_key] = entry
     if modes.fused:  # the op is compiled as part of its graph
         return _launch(call, entry)
     counters.count("compiles")
@@ -250,20 +279,61 @@ def _resize_and_run(call: _Call, entry: Entry):
 
 
 def _launch(call: _Call, entry: Entry):
-    spec = call.spec
-    recs = call.recs
-    device = call.device
     if entry.random:
-        gen = next((v for a, v in zip(spec.args, call.values) if a.kind == GENERATOR), None)
-        seed, offset = _native.philox_next(gen, device, 1)
+        gen = next((v for a, v in zip(call.spec.args, call.values) if a.kind == GENERATOR),
+                   None)
+        seed, offset = _native.philox_next(gen, call.device, 1)
         call.dyn.append(np.uint64(seed))
         call.dyn.append(np.uint64(offset))
+    return _run(call.spec, entry, call.recs, call.dyn, call.device, call.values, call)
+
+
+def _run_strict(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
+    """_run for a native cache hit in strict mode, calling the compiled program directly."""
+    if graph.pending:
+        graph.flush("strict op")
+        hit = (*hit[:4], tuple(r.value for r in hit[1]))
+    call = entry.call
+    if call is None:
+        return _run(spec, entry, hit[1], hit[2], hit[3], args)
+    try:
+        if hit[2]:
+            results = call(*hit[4], *[_device_scalar(v, hit[3]) for v in hit[2]])
+        else:
+            results = call(*hit[4])
+    except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
+        raise _runtime_error(spec, e) from e
+    if entry.checks is not None:
+        checks.defer(results[-1], entry.checks, str(spec.op))
+    if entry.single:
+        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
+        return table.new_tensor(shape, stride, dtype, jdtype, nbytes, hit[3], results[0])
+    return _outputs(spec, entry, hit[1], hit[3], args, results)
+
+
+def _run_fused(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
+    """_run for a native cache hit in fused mode."""
+    device = hit[3]
+    results = graph.record(entry, hit[1], hit[2], device, hit[4] if entry.ordered else None)
+    if entry.single:
+        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
+        out = table.new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
+    else:
+        out = _outputs(spec, entry, hit[1], device, args, results)
+    if graph.due:
+        graph.flush(graph.flush_reason() or "size cap")
+    return out
+
+
+def _run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
+         call: _Call | None = None):
+    """Launch (or, fused, record) a compiled op on the call's storages and run-time values;
+    its fresh outputs become new tensors and written storages get their new buffers."""
     if modes.fused:
-        results = graph.record(entry, recs, call.dyn, device)
+        results = graph.record(entry, recs, dyn, device)
     else:
         if graph.pending:
             graph.flush("strict op")
-        dyn = call.dyn
         if dyn:
             dyn = [_device_scalar(v, device) for v in dyn]
         try:
@@ -281,6 +351,17 @@ def _launch(call: _Call, entry: Entry):
         if modes.fused and graph.flush_reason() is not None:
             graph.flush(graph.flush_reason())
         return out
+    out = _outputs(spec, entry, recs, device, values, results)
+    if modes.fused:
+        reason = graph.flush_reason()
+        if reason is not None:
+            graph.flush(reason)
+    return out
+
+
+def _outputs(spec: OpSpec, entry: Entry, recs: list, device: int, values, results):
+    """The fresh outputs as new tensors, the written storages updated; the op's returns."""
+    new_tensor = table.new_tensor
     fresh = []
     i = 0
     for out in entry.outs:
@@ -292,11 +373,7 @@ def _launch(call: _Call, entry: Entry):
     for buf in entry.written:
         recs[buf].set(results[i])
         i += 1
-    if modes.fused:
-        reason = graph.flush_reason()
-        if reason is not None:
-            graph.flush(reason)
-    return _returns(spec, entry, call.values, fresh)
+    return _returns(spec, entry, values, fresh)
 
 
 _scalars: dict[tuple, Any] = {}
@@ -493,6 +570,7 @@ def _compile(call: _Call, key: tuple) -> Entry:
     entry.fn = _Launcher(jitted, None if order == list(range(n_bufs)) else order, entry)
     entry.trace = trace
     entry.order = order
+    entry.ordered = order == list(range(n_bufs))
     entry.result_avals = [((o[4] // o[3].itemsize,), o[3]) for o in entry.outs if o is not None]
     for b in entry.written:
         numel, old = buffer_shapes[b]
@@ -538,6 +616,8 @@ class _Launcher:
             self.compiled = compile_cache.compile(
                 self.jitted, (*args, *dyn), entry.digest, entry.device,
                 get_side=lambda: entry.checks, set_side=entry.set_checks)
+            if self.order is None:
+                entry.call = self.compiled
         return self.compiled(*args, *dyn)
 
 

@@ -68,13 +68,17 @@ def configure() -> None:
     memory.on_pressure = _note_pressure
 
 
-def record(entry, recs: list, dyn: list, device: int) -> list[Lazy]:
-    """Append an op to the pending graph; its results are Lazy placeholders."""
-    global pending, _device
-    if _device is not None and device != _device:
-        flush("device change")
-    _device = device
-    inputs = [recs[i].value for i in entry.order]
+def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]:
+    """Append an op to the pending graph; its results are Lazy placeholders. `inputs`: the
+    records' values in `entry.order`, where the caller has them."""
+    global pending, _device, due
+    if device != _device:
+        if _device is not None:
+            flush("device change")
+            inputs = None  # the flush gave pending storages their buffers
+        _device = device
+    if inputs is None:
+        inputs = [recs[i].value for i in entry.order]
     node = Node(entry, inputs, dyn, len(_nodes))
     _nodes.append(node)
     pending = True
@@ -82,16 +86,20 @@ def record(entry, recs: list, dyn: list, device: int) -> list[Lazy]:
         old = recs[buf].value
         if old is not None and type(old) is not Lazy:
             _superseded.add(id(old))
+    if len(_nodes) >= max_ops:
+        due = True
     return [Lazy(node, i, shape, dtype) for i, (shape, dtype) in enumerate(entry.result_avals)]
 
 
 _pressure = False  # an allocation passed memory.PRESSURE of the limit while recording
+due = False  # flush_reason() is not None: read after each recorded op
 
 
 def _note_pressure() -> bool:
     """memory.on_pressure: remember it; the graph runs once the current op is recorded."""
-    global _pressure
+    global _pressure, due
     _pressure = bool(_nodes)
+    due = due or _pressure
     return False
 
 
@@ -138,8 +146,8 @@ _plans: dict[tuple, _Plan] = {}
 
 def flush(reason: str = "sync") -> None:
     """Compile (or reuse) and run the pending graph; pending storages get their buffers."""
-    global pending, _device, _pressure
-    _pressure = False
+    global pending, _device, _pressure, due
+    _pressure = due = False
     if not _nodes:
         pending = False
         return

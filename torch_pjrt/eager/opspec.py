@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,7 @@ class OpSpec:
     defaults: tuple  # each argument's default (_NO_DEFAULT where it has none)
     min_args: int  # arguments before the last one without a default
     returns_plan: tuple  # per return: ("alias", mutated arg index) | ("fresh",) | ("list",)
+    plan: tuple  # what the native key builder reads (_fast_plan)
 
     def __str__(self) -> str:
         return str(self.op)
@@ -115,7 +117,46 @@ def spec(op: OpOverload) -> OpSpec:
         tuple(a.default for a in args),
         max((i + 1 for i, a in enumerate(args) if a.default is _NO_DEFAULT), default=0),
         _returns_plan(schema, mutated),
+        _fast_plan(args, lowering.static if lowering is not None else frozenset()),
     )
+
+
+_tokens = itertools.count()
+
+# The native key builder's argument codes (runtime/native/shim.cpp, lookup).
+_FAST_TENSOR, _FAST_OPT_TENSOR, _FAST_TENSOR_LIST, _FAST_STATIC, _FAST_SCALAR, _FAST_OTHER, \
+    _FAST_NONE = range(7)
+
+
+def _fast_plan(args: list[ArgSpec], static: frozenset) -> tuple:
+    """(token, code per argument, defaults, fewest positional arguments) for the native key
+    builder, which covers calls without keyword arguments whose arguments it can encode and
+    whose omitted arguments are defaults that add nothing to the run-time values."""
+    codes = []
+    for a in args:
+        if a.kind == TENSOR:
+            codes.append(_FAST_TENSOR)
+        elif a.kind == OPT_TENSOR:
+            codes.append(_FAST_OPT_TENSOR)
+        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+            codes.append(_FAST_TENSOR_LIST)
+        elif a.kind == SCALAR:
+            codes.append(_FAST_STATIC if a.name in static else _FAST_SCALAR)
+        elif a.kind == OTHER:
+            codes.append(_FAST_OTHER)
+        else:  # generators and scalar lists: the Python key
+            codes.append(_FAST_NONE)
+    fewest = len(args)
+    for i in reversed(range(len(args))):
+        a = args[i]
+        quiet = a.default is not _NO_DEFAULT and (
+            (a.kind == OPT_TENSOR and a.default is None)
+            or a.kind in (OTHER, GENERATOR)
+            or (a.kind == SCALAR and (a.name in static or a.default == a.default)))
+        if not quiet:
+            break
+        fewest = i
+    return (next(_tokens), tuple(codes), tuple(a.default for a in args), fewest)
 
 
 def _returns_plan(schema, mutated: tuple[int, ...]) -> tuple:

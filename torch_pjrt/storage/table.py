@@ -97,12 +97,11 @@ def new_tensor(shape, stride, dtype: torch.dtype, jdtype: np.dtype, nbytes: int,
     """empty_strided with everything precomputed: the executor's hot path."""
     memory.reserve(device, nbytes)
     try:
-        t = _native.empty_strided(shape, stride, dtype, device)
+        return _native.new_tensor(shape, stride, dtype, device,
+                                  StorageRecord(jdtype, nbytes, device, value), _records)
     except BaseException:
         memory.release(device, nbytes)
         raise
-    _records[t.untyped_storage().data_ptr()] = StorageRecord(jdtype, nbytes, device, value)
-    return t
 
 
 def live_records() -> list[StorageRecord]:

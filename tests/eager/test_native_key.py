@@ -1,0 +1,94 @@
+"""The native cache key (shim lookup): every call it keys must find the entry the Python
+key would, so repeated calls (the second one a native hit) match the CPU."""
+
+import pytest
+import torch
+
+import torch_pjrt
+from torch_pjrt.eager import executor
+
+
+@pytest.fixture(params=["strict", "fused"])
+def mode(request):
+    with torch_pjrt.set_eager_mode(request.param):
+        yield request.param
+
+
+def _native_keys() -> int:
+    return sum(1 for k in executor._cache if type(k[0]) is int)
+
+
+CASES = {
+    "add": lambda a, b: a + b,
+    "same storage twice": lambda a, b: a + a,
+    "views at offsets": lambda a, b: a[1:5] + a[3:7],
+    "strided view": lambda a, b: a[::2] * b[1::2],
+    "python number": lambda a, b: a * 2.5,
+    "int number": lambda a, b: a + 3,
+    "bool number": lambda a, b: a * True,
+    "cpu scalar tensor": lambda a, b: a + torch.tensor(2.0),
+    "negative view": lambda a, b: torch._neg_view(a) + b,
+    "dim list": lambda a, b: a.reshape(2, 4).sum([1]),
+    "keepdim": lambda a, b: a.reshape(2, 4).sum(1, True),
+    "tensor list": lambda a, b: torch.cat([a, b, a]),
+    "index": lambda a, b: a[torch.tensor([1, 3, 5], device=a.device)],
+    "in place": lambda a, b: a.clone().add_(b),
+    "out=": lambda a, b: torch.add(a, b, out=torch.empty(8, device=a.device)),
+    "uninitialized storage": lambda a, b: torch.empty(8, device=a.device).zero_() + b,
+    "dtype view": lambda a, b: a.view(torch.int32) + 1,
+    "where": lambda a, b: torch.where(a > 0, a, b),
+    "pow scalar": lambda a, b: a.abs() ** 0.5,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_repeated_calls_match_cpu(mode, case):
+    fn = CASES[case]
+    a, b = torch.randn(8), torch.randn(8)
+    want = fn(a, b)
+    for _ in range(3):  # compile, then a Python-key hit that files the native key, then native
+        da, db = a.to("pjrt"), b.to("pjrt")
+        got = fn(da, db)
+        assert got.device.type == "pjrt"
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_native_keys_are_filed_and_hit(mode):
+    a, b = torch.randn(8, device="pjrt"), torch.randn(8, device="pjrt")
+    a + b
+    a + b
+    before = _native_keys()
+    torch_pjrt.counters.reset()
+    for _ in range(5):
+        a + b
+    assert _native_keys() == before and before > 0
+    assert torch_pjrt.metrics()["cache_hits"] == 5
+    assert executor.cache_size() < len(executor._cache)
+
+
+def test_a_new_signature_is_a_new_entry(mode):
+    x = torch.randn(16)
+    d = x.to("pjrt")
+    for shape in [(16,), (4, 4), (2, 8)]:
+        for _ in range(2):
+            torch.testing.assert_close((d.view(shape) * 2).cpu(), x.view(shape) * 2)
+    # a written storage whose dtype changes: the key reads the storage's dtype
+    s = torch.zeros(4, device="pjrt")
+    s.view(torch.int32).fill_(1)
+    for _ in range(2):
+        torch.testing.assert_close((s + 0).cpu(), torch.zeros(4).view(torch.int32).fill_(1)
+                                   .view(torch.float32))
+
+
+def test_errors_still_raise_at_the_op(mode):
+    a, b = torch.randn(8, device="pjrt"), torch.randn(3, device="pjrt")
+    a + a
+    a + a
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + b
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.randn(8)
+    c = torch.randn(8, device="pjrt:1")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + c
+    torch.testing.assert_close((c + c).cpu(), c.cpu() * 2)
