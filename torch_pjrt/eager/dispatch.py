@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..lowering import checks, registry
@@ -38,13 +40,7 @@ METADATA_OPS = (
 
 def executor_kernel(op: torch._ops.OpOverload):
     """The PrivateUse1 kernel of an op served by its lowering."""
-    execute = executor.execute
-    spec = opspec.spec(op)
-
-    def kernel(*args, **kwargs):
-        return execute(spec, args, kwargs)
-
-    return kernel
+    return functools.partial(executor.kernel, opspec.spec(op))
 
 
 def _variants(op: torch._ops.OpOverload):

@@ -42,6 +42,8 @@ from .opspec import (
 )
 
 _records = table._records
+_new_tensor = table.new_tensor
+_record_single = graph.record_single
 _native = None  # set by install()
 _PJRT = None  # the torch device type name, set by install()
 
@@ -67,12 +69,13 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values", "random", "call", "ordered")
+                 "signature", "values", "random", "call", "ordered", "quick")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
         self.call = None  # the compiled program, once fn has compiled it, if it takes the
         # storage buffers in argument order (no donation reorders them)
+        self.quick = None  # call, where the op returns one fresh tensor and has no checks
         self.trace = None  # the traced function itself, which fused graphs call
         self.order: list[int] = []  # storage buffers in argument order (donated first)
         self.ordered = False  # order is the buffers' own order (nothing donated first)
@@ -222,20 +225,45 @@ def _hashable(v):
 _counts = counters._counters
 
 
+def kernel(spec: OpSpec, /, *args, **kwargs):
+    """Run `spec.op` on pjrt tensors with its lowering, compiling on first use: the
+    PrivateUse1 kernel of every lowered op (dispatch binds `spec`)."""
+    if kwargs or modes.debug:
+        return _execute(spec, args, kwargs, None)
+    # The common case, keyed natively: (entry, recs, dyn, device, values) on a hit.
+    hit = _lookup(spec.plan, args, _records, _cache)
+    if hit is None:
+        return _execute(spec, args, kwargs, None)
+    entry = hit[0]
+    if entry is None:
+        return _execute(spec, args, kwargs, hit[1])
+    _counts["cache_hits"] += 1
+    if modes.fused:
+        if not entry.single:
+            return _run_fused(spec, entry, hit, args)
+        out = _record_single(entry, hit[1], hit[2], hit[3], hit[4] if entry.ordered else None)
+        if graph.due:
+            graph.flush(graph.flush_reason() or "size cap")
+        return out
+    call = entry.quick
+    if call is not None and not hit[2] and not graph.pending:
+        try:
+            results = call(*hit[4])
+        except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
+            raise _runtime_error(spec, e) from e
+        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
+        return _new_tensor(shape, stride, dtype, jdtype, nbytes, hit[3], results[0])
+    return _run_strict(spec, entry, hit, args)
+
+
 def execute(spec: OpSpec, args: tuple, kwargs: dict):
-    """Run `spec.op` on pjrt tensors with its lowering, compiling on first use."""
-    fast_key = None
-    if not kwargs and not modes.debug:
-        # The common case, keyed natively: (entry, recs, dyn, device) on a hit.
-        hit = _lookup(spec.plan, args, _records, _cache)
-        if hit is not None:
-            entry = hit[0]
-            if entry is not None:
-                _counts["cache_hits"] += 1
-                if modes.fused:
-                    return _run_fused(spec, entry, hit, args)
-                return _run_strict(spec, entry, hit, args)
-            fast_key = hit[1]
+    """kernel(), with the op's arguments as a tuple and a dict."""
+    return kernel(spec, *args, **kwargs)
+
+
+def _execute(spec: OpSpec, args: tuple, kwargs: dict, fast_key: tuple | None):
+    """The Python key: every call the native key does not cover, and the first of each
+    signature (`fast_key`: the native key to file the entry under as well)."""
     values = opspec.normalize(spec, args, kwargs)
     call = _Call(spec, values)
     key = _key(call)
@@ -618,6 +646,8 @@ class _Launcher:
                 get_side=lambda: entry.checks, set_side=entry.set_checks)
             if self.order is None:
                 entry.call = self.compiled
+                if entry.single and entry.checks is None:
+                    entry.quick = self.compiled
         return self.compiled(*args, *dyn)
 
 

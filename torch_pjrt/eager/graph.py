@@ -18,6 +18,7 @@ import warnings
 
 import jax
 import numpy as np
+import torch
 
 from .. import _env, counters
 from ..lowering import checks
@@ -89,6 +90,26 @@ def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]
     if len(_nodes) >= max_ops:
         due = True
     return [Lazy(node, i, shape, dtype) for i, (shape, dtype) in enumerate(entry.result_avals)]
+
+
+def record_single(entry, recs: list, dyn: list, device: int, inputs) -> torch.Tensor:
+    """record() of an op that returns one fresh tensor and writes nothing: that tensor."""
+    global pending, _device, due
+    if device != _device:
+        if _device is not None:
+            flush("device change")
+            inputs = None
+        _device = device
+    if inputs is None:
+        inputs = [recs[i].value for i in entry.order]
+    node = Node(entry, inputs, dyn, len(_nodes))
+    _nodes.append(node)
+    pending = True
+    if node.position >= max_ops - 1:
+        due = True
+    shape, stride, dtype, jdtype, nbytes = entry.outs[0]
+    return table.new_tensor(shape, stride, dtype, jdtype, nbytes, device,
+                            Lazy(node, 0, *entry.result_avals[0]))
 
 
 _pressure = False  # an allocation passed memory.PRESSURE of the limit while recording
