@@ -323,8 +323,7 @@ def _attend_backward(grad5, q5, k, v, bias5, out5, lse5, causal, scale, p, key, 
                      layout):
     """dq (B, Hk, G, L, E), dk and dv (B, Hk, S, E), d(scores) (B, Hk, G, L, S) or None."""
     blocks = _query_blocks(layout.lq, layout.s, causal)
-    dqs, dss = [], []
-    dk = dv = None
+    dqs, dss, dkvs = [], [], []
     for i, (a, b, end) in enumerate(blocks):
         g, rows = layout.g, b - a
         dense = _core(layout, rows * end)
@@ -336,12 +335,20 @@ def _attend_backward(grad5, q5, k, v, bias5, out5, lse5, causal, scale, p, key, 
             _Layout.rows(out5[:, :, :, a:b]), _Layout.rows(lse5[:, :, :, a:b]), causal, scale,
             p, block_key, want_bias, a, rows)
         dqs.append(dq.reshape(dq.shape[:2] + (g, rows) + dq.shape[3:]))
-        pad = [(0, 0), (0, 0), (0, layout.s - end), (0, 0)]
-        dk_i, dv_i = jnp.pad(dk_i, pad), jnp.pad(dv_i, pad)
-        dk, dv = (dk_i, dv_i) if dk is None else (dk + dk_i, dv + dv_i)
+        dkvs.append((dk_i, dv_i))
         if want_bias:
             ds = jnp.pad(ds, [(0, 0), (0, 0), (0, 0), (0, layout.s - end)])
             dss.append(ds.reshape(ds.shape[:2] + (g, rows) + ds.shape[3:]))
+    # Block i's key gradients cover keys [0, end_i), the last block's the most (all of
+    # them unless a causal mask hides keys past the last query).
+    dk, dv = dkvs[-1]
+    if dk.shape[2] < layout.s:
+        pad = [(0, 0), (0, 0), (0, layout.s - dk.shape[2]), (0, 0)]
+        dk, dv = jnp.pad(dk, pad), jnp.pad(dv, pad)
+    for dk_i, dv_i in reversed(dkvs[:-1]):
+        end = dk_i.shape[2]
+        dk = lax.dynamic_update_slice(dk, dk[:, :, :end] + dk_i, (0, 0, 0, 0))
+        dv = lax.dynamic_update_slice(dv, dv[:, :, :end] + dv_i, (0, 0, 0, 0))
     return (jnp.concatenate(dqs, 3), dk, dv,
             jnp.concatenate(dss, 3) if want_bias else None)
 
