@@ -202,12 +202,7 @@ SPECIAL_KERNELS = {
 
 
 def _via_executor(op):
-    spec = opspec.spec(op)
-
-    def run(*args):
-        return executor.execute(spec, args, {})
-
-    return run
+    return functools.partial(executor.kernel, opspec.spec(op))
 
 
 def _masked_kernels() -> dict:

@@ -34,8 +34,14 @@ def _expand_masks(indices) -> list:
     return out
 
 
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
 def _has_mask(indices) -> bool:
-    return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    for i in indices:  # a loop, not any(): this runs on every indexing op
+        if i is not None and i.dtype in _MASK_DTYPES:
+            return True
+    return False
 
 
 def make_index(execute_index):

@@ -69,7 +69,7 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values", "random", "call", "ordered", "quick")
+                 "signature", "values", "random", "call", "ordered", "quick", "alias_return")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -90,6 +90,7 @@ class Entry:
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
+        self.alias_return: int | None = None  # the op returns only this argument (in place)
         # (buf, dtype, shape, stride, offset, view flags) of each written view
         self.targets: list[tuple] = []
         self.written: tuple[int, ...] = ()  # storage buffers the program returns, in order
@@ -246,9 +247,12 @@ def kernel(spec: OpSpec, /, *args, **kwargs):
             graph.flush(graph.flush_reason() or "size cap")
         return out
     call = entry.quick
-    if call is not None and not hit[2] and not graph.pending:
+    if call is not None and not graph.pending:
         try:
-            results = call(*hit[4])
+            if hit[2]:
+                results = call(*hit[4], *[_device_scalar(v, hit[3]) for v in hit[2]])
+            else:
+                results = call(*hit[4])
         except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
             raise _runtime_error(spec, e) from e
         shape, stride, dtype, jdtype, nbytes = entry.outs[0]
@@ -389,6 +393,10 @@ def _run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
 
 def _outputs(spec: OpSpec, entry: Entry, recs: list, device: int, values, results):
     """The fresh outputs as new tensors, the written storages updated; the op's returns."""
+    if entry.alias_return is not None:  # an in-place op: nothing new, its argument back
+        for buf, value in zip(entry.written, results):
+            recs[buf].set(value)
+        return values[entry.alias_return]
     new_tensor = table.new_tensor
     fresh = []
     i = 0
@@ -574,6 +582,8 @@ def _compile(call: _Call, key: tuple) -> Entry:
         shape, stride, jdtype = tuple(m.shape), tuple(m.stride()), dtypes.to_jax(m.dtype)
         nbytes = table.storage_numel(shape, stride) * jdtype.itemsize
         entry.outs.append((shape, stride, m.dtype, jdtype, nbytes))
+    if not entry.outs and len(spec.returns_plan) == 1 and spec.returns_plan[0][0] == "alias":
+        entry.alias_return = spec.returns_plan[0][1]
     returns = spec.op._schema.returns
     entry.single = (not entry.written and len(returns) == 1 and returns[0].alias_info is None
                     and opspec._kind(returns[0].type) == TENSOR)
