@@ -3,6 +3,7 @@ change the base and every other view, exactly as on CPU."""
 
 import random
 
+import jax.numpy as jnp
 import pytest
 import torch
 from helpers import assert_same
@@ -149,3 +150,27 @@ def test_conjugate_and_negative_views_read_and_write_through():
     assert_same(d, c)
     x = torch.randn(6)
     assert_same(torch.fft.ifft(x.to("pjrt")), torch.fft.ifft(x))  # conj(r2c) inside
+
+
+def test_head_views_at_an_offset_read_and_write_in_place():
+    """q, k and v of one projection are [B, H, T, E] views at offsets 0, D and 2D into
+    a [B, T, 3D] buffer; the block that holds k or v, cut at its offset, runs past the
+    buffer's end. They are read (and written) from the buffer without a padded copy."""
+    from torch_pjrt.storage import views
+
+    b, t, h, e = 2, 5, 3, 4
+    qkv = torch.randn(b, t, 3 * h * e)
+    dev = qkv.to("pjrt")
+    for i in range(3):
+        cpu_view = qkv[..., i * h * e:(i + 1) * h * e].view(b, t, h, e).transpose(1, 2)
+        dev_view = dev[..., i * h * e:(i + 1) * h * e].view(b, t, h, e).transpose(1, 2)
+        assert_same(dev_view * 1, cpu_view * 1)
+        cpu_view.mul_(i + 2)
+        dev_view.mul_(i + 2)
+        assert_same(dev, qkv)
+    # the plan for k: the whole buffer as [b, t, 3h, e] rows, k starting at coordinate h
+    v = dev[..., h * e:2 * h * e].view(b, t, h, e).transpose(1, 2)
+    order, block = views._block_plan(tuple(v.shape), v.stride())
+    limits = (block[0],) + tuple(v.shape[i] for i in order[1:]) + (1,)
+    assert views._block_start(jnp.zeros(dev.numel()), v.storage_offset(), block, limits) \
+        == (0, (0, 0, h, 0, 0)[:len(block)])

@@ -707,6 +707,11 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
 
     n_bufs = len(buffer_shapes)
     order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+    flat_math = _shape_agnostic(spec, key)
+    if flat_math:  # what a lowering sees of its outputs: 1-D too
+        meta_structs = [m if m is None or len(m.shape) < 2 else
+                        jax.ShapeDtypeStruct((math.prod(m.shape),), m.dtype)
+                        for m in meta_structs]
 
     def trace(*flat):
         bufs = [None] * n_bufs
@@ -727,6 +732,8 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
             if part[0] == "num":
                 return next(dyn_iter)
             idx, dtype, shape, stride, offset = part[:5]
+            if flat_math and len(shape) > 1:  # see _shape_agnostic
+                shape, stride = (math.prod(shape),), (1,)
             return _resolve_flags(views.read(bufs[idx], shape, stride, offset,
                                              dtypes.to_jax(dtype)), part[8])
 
@@ -755,6 +762,10 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
 
         target_vals = results[:n_targets] if spec.mutated else []
         fresh_vals = results[n_targets:] if spec.mutated else results
+        if flat_math:
+            target_vals = [_unflatten(v, t[2]) for v, t in zip(target_vals, entry.targets)]
+            fresh_vals = [v if o is None else _unflatten(v, o[0])
+                          for v, o in zip(fresh_vals, out_specs)]
         if len(fresh_vals) != len(out_specs):
             raise ExecutionError(
                 f"the lowering of {spec.op} returned {len(results)} arrays; expected "
@@ -770,6 +781,44 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
         return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
 
     return trace
+
+
+def _shape_agnostic(spec: OpSpec, key: tuple) -> bool:
+    """Whether the op may run on its tensors as 1-D arrays: an elementwise op (or a foreach
+    op, elementwise or reducing per tensor) whose tensors are contiguous, with one shape
+    per position. Then a parameter update reads and writes its flat storage without a
+    reshape between them, which XLA needs to update a donated buffer in place (with one,
+    it copies every parameter and optimizer state instead)."""
+    op = spec.op
+    if not (torch.Tag.pointwise in op.tags or op.__name__.startswith("_foreach_")
+            or op is torch.ops.aten.copy_.default):
+        return False
+    shapes: dict[int, tuple] = {}  # list position -> the shape of the tensors there
+    for a, part in zip(spec.args, key[1:]):
+        if a.kind in (TENSOR, OPT_TENSOR):
+            parts = [(0, part)]
+        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+            parts = list(enumerate(part))
+        else:
+            continue
+        for position, p in parts:
+            if p is None or not isinstance(p[0], int):
+                continue  # absent, or a CPU scalar / number
+            shape, stride = tuple(p[2]), tuple(p[3])
+            if not shape:
+                continue  # 0-d: broadcasts against 1-D like against any shape
+            if not views.is_contiguous(shape, stride):
+                return False
+            if shapes.setdefault(position, shape) != shape:
+                return False
+    return any(len(s) > 1 for s in shapes.values())
+
+
+def _unflatten(value, shape):
+    """A result of a shape-agnostic op computed on 1-D arrays, at its tensor shape."""
+    if value is None or value.ndim != 1 or tuple(shape) == value.shape:
+        return value
+    return value.reshape(shape)
 
 
 def _resolve_flags(x, flags: int):

@@ -55,7 +55,8 @@ class Node:
 
 
 _nodes: list[Node] = []
-_superseded: set[int] = set()  # ids of concrete buffers a pending op replaced
+_superseded: dict[int, object] = {}  # id of a concrete buffer a pending op replaced -> the
+# storage record it belonged to
 _device: int | None = None
 pending = False  # read on every strict op: is there anything to flush?
 max_ops = 10000  # graph size cap (TORCH_PJRT_FUSED_MAX_OPS), set by configure()
@@ -86,7 +87,7 @@ def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]
     for buf in entry.written:
         old = recs[buf].value
         if old is not None and type(old) is not Lazy:
-            _superseded.add(id(old))
+            _superseded.setdefault(id(old), recs[buf])
     if len(_nodes) >= max_ops:
         due = True
     return [Lazy(node, i, shape, dtype) for i, (shape, dtype) in enumerate(entry.result_avals)]
@@ -176,7 +177,7 @@ def flush(reason: str = "sync") -> None:
     _nodes.clear()
     # The graph's outputs: pending values some live storage still holds.
     records = [r for r in table.live_records() if type(r.value) is Lazy]
-    superseded = set(_superseded)
+    superseded = dict(_superseded)
     _superseded.clear()
     device = _device
     pending = False
@@ -223,6 +224,13 @@ def flush(reason: str = "sync") -> None:
                 refs.append(slot)
         wiring.append((node.entry, tuple(refs), len(node.dyn)))
         dyn.extend(node.dyn)
+    # A storage's new value first, in the order its old buffer is donated: JAX pairs each
+    # output with the first unused donated input of its shape, and a storage paired with
+    # another's buffer makes XLA copy both (both old values live to the end).
+    rank = {}
+    for slot in donated:
+        rank.setdefault(id(superseded[id(inputs[slot])]), len(rank))
+    records.sort(key=lambda r: rank.get(id(r), len(rank)))
     outputs = []
     out_index: dict[tuple[int, int], int] = {}
     for rec in records:

@@ -110,6 +110,27 @@ def _segment(flat, offset, length):
     return lax.slice(flat, (offset,), (end,))
 
 
+def _aligned_start(offset: int, block: Shape, limits: Shape) -> tuple[int, Shape] | None:
+    """Where to cut the block that holds a view: (base, start), a base at a whole row of
+    the block's first dim and the view's start inside the block from there; None when the
+    offset's coordinates leave no room for the view. Views at an offset into a larger
+    buffer (q, k and v of one qkv projection) read and write in place this way, where a
+    block cut at the offset itself would run past the buffer's end (a padded copy)."""
+    strides = [math.prod(block[j + 1:]) for j in range(len(block))]
+    coords = [(offset // strides[j]) % block[j] for j in range(1, len(block))]
+    if any(c + n > b for c, n, b in zip(coords, limits[1:], block[1:])):
+        return None
+    return offset - sum(c * st for c, st in zip(coords, strides[1:])), (0, *coords)
+
+
+def _block_start(flat, offset: int, block: Shape, limits: Shape) -> tuple[int, Shape]:
+    if offset + math.prod(block) > flat.shape[0]:
+        aligned = _aligned_start(offset, block, limits)
+        if aligned is not None:
+            return aligned
+    return offset, (0,) * len(block)
+
+
 def _indices(shape, stride, offset):
     idx = jnp.full(shape, offset, dtype=jnp.int64)
     for d, (n, s) in enumerate(zip(shape, stride)):
@@ -135,9 +156,11 @@ def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     order, block = plan
     if not order:  # one element, broadcast
         return jnp.broadcast_to(_segment(flat, offset, 1).reshape((1,) * len(shape)), shape)
-    seg = _segment(flat, offset, math.prod(block)).reshape(block)
     limits = (block[0],) + tuple(shape[i] for i in order[1:]) + (1,)
-    dense = lax.slice(seg, (0,) * len(block), limits).reshape([shape[i] for i in order])
+    base, start = _block_start(flat, offset, block, limits)
+    seg = _segment(flat, base, math.prod(block)).reshape(block)
+    dense = lax.slice(seg, start, tuple(c + n for c, n in zip(start, limits)))
+    dense = dense.reshape([shape[i] for i in order])
     # dense has the real dims in `order`; put them back in view order, then
     # restore size-1 dims and broadcast stride-0 dims.
     real = sorted(order)
@@ -175,14 +198,16 @@ def write(flat, value, shape: Shape, stride: Shape, offset: int):
     if not order:
         return lax.dynamic_update_slice(flat, value.reshape(-1)[:1], (offset,))
     length = math.prod(block)
-    end = offset + length
-    padded = jnp.pad(flat, (0, end - flat.shape[0])) if end > flat.shape[0] else flat
-    seg = lax.slice(padded, (offset,), (end,)).reshape(block)
+    limits = (block[0],) + tuple(shape[i] for i in order[1:]) + (1,)
     dense = jnp.transpose(value.reshape([shape[i] for i in sorted(order)]),
                           [sorted(order).index(i) for i in order])
-    dense = dense.reshape((block[0],) + tuple(shape[i] for i in order[1:]) + (1,))
-    seg = lax.dynamic_update_slice(seg, dense, (0,) * len(block))
-    padded = lax.dynamic_update_slice(padded, seg.reshape(-1), (offset,))
+    dense = dense.reshape(limits)
+    base, start = _block_start(flat, offset, block, limits)
+    end = base + length
+    padded = jnp.pad(flat, (0, end - flat.shape[0])) if end > flat.shape[0] else flat
+    seg = lax.slice(padded, (base,), (end,)).reshape(block)
+    seg = lax.dynamic_update_slice(seg, dense, start)
+    padded = lax.dynamic_update_slice(padded, seg.reshape(-1), (base,))
     return padded[: flat.shape[0]] if end > flat.shape[0] else padded
 
 
