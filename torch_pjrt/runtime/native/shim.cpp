@@ -76,15 +76,23 @@ void call_sync(c10::DeviceIndex index) {
 // Device memory belongs to XLA buffers that Python keeps in a table keyed by
 // the storage's data pointer. The pointer is a unique, never-dereferenced
 // handle: the device index in the top byte, a counter below.
+// Runs on every storage's death, so it calls Python directly rather than through pybind11.
 void free_handle(void* ptr) {
   if (shutting_down || free_callback == nullptr || !Py_IsInitialized()) return;
-  py::gil_scoped_acquire gil;
-  py::error_scope keep_pending_error;  // a tensor may die while an exception propagates
-  try {
-    (*free_callback)(reinterpret_cast<uintptr_t>(ptr));
-  } catch (py::error_already_set& e) {
-    e.discard_as_unraisable("torch_pjrt storage free");
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // a tensor may die while an exception propagates
+  PyObject* handle = PyLong_FromSize_t(reinterpret_cast<uintptr_t>(ptr));
+  PyObject* result = handle ? PyObject_CallOneArg(free_callback->ptr(), handle) : nullptr;
+  Py_XDECREF(handle);
+  if (result == nullptr) {
+    PyObject* context = PyUnicode_FromString("torch_pjrt storage free");
+    PyErr_WriteUnraisable(context);
+    Py_XDECREF(context);
   }
+  Py_XDECREF(result);
+  PyErr_Restore(type, value, traceback);
+  PyGILState_Release(gil);
 }
 
 constexpr uint64_t kIndexShift = 52;
