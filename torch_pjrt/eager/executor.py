@@ -785,13 +785,14 @@ def _make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
 
 def _shape_agnostic(spec: OpSpec, key: tuple) -> bool:
     """Whether the op may run on its tensors as 1-D arrays: an elementwise op (or a foreach
-    op, elementwise or reducing per tensor) whose tensors are contiguous, with one shape
-    per position. Then a parameter update reads and writes its flat storage without a
-    reshape between them, which XLA needs to update a donated buffer in place (with one,
-    it copies every parameter and optimizer state instead)."""
+    op, elementwise or reducing a whole tensor: all but _foreach_mm) whose tensors are
+    contiguous, with one shape per position. Then a parameter update reads and writes its
+    flat storage without a reshape between them, which XLA needs to update a donated
+    buffer in place (with one, it copies every parameter and optimizer state instead)."""
     op = spec.op
-    if not (torch.Tag.pointwise in op.tags or op.__name__.startswith("_foreach_")
-            or op is torch.ops.aten.copy_.default):
+    name = op._schema.name
+    if not (torch.Tag.pointwise in op.tags or op is torch.ops.aten.copy_.default or
+            (name.startswith("aten::_foreach_") and name != "aten::_foreach_mm")):
         return False
     shapes: dict[int, tuple] = {}  # list position -> the shape of the tensors there
     for a, part in zip(spec.args, key[1:]):
