@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ...runtime import client
 from ...storage import dtypes
 from ..registry import lower
 from ._ops import aten
@@ -84,6 +85,9 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return jnp.take(weight, indices, axis=0, mode="clip")
 
 
+_SCATTER_PLATFORMS = ("cpu", "gpu", "cuda", "rocm")
+
+
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     flat_idx = indices.reshape(-1)
@@ -93,8 +97,9 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), g.dtype).at[flat_idx].add(1)
         g = g / counts[flat_idx][:, None]
-    # One-hot matmul: dense and fast on every XLA backend for vocabulary-sized tables.
-    if num_weights * flat_idx.shape[0] <= (1 << 26):
+    # TPUs sum rows fastest as a one-hot product; CPUs and GPUs scatter-add them (XLA:CPU,
+    # the GPT bench's 1024 rows of 256 into 512: 0.13 ms scattered, 2.3 ms as a product).
+    if client.platform() not in _SCATTER_PLATFORMS and num_weights * flat_idx.shape[0] <= (1 << 26):
         onehot = (flat_idx[None, :] == jnp.arange(num_weights)[:, None]).astype(g.dtype)
         return jnp.matmul(onehot, g, precision=lax.Precision.HIGHEST)
     return jnp.zeros((num_weights, g.shape[-1]), g.dtype).at[flat_idx].add(g)
