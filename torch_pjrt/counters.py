@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-_counters: Counter = Counter()
+# A plain dict: the eager hit path bumps "cache_hits" with `d[k] += 1`, which Python
+# specializes for exact dicts only (about 40 ns, against 105 ns for a Counter).
+_HOT = ("cache_hits",)
+_counters: dict[str, int] = dict.fromkeys(_HOT, 0)
 _fallbacks: Counter = Counter()
 _compile_seconds: list[float] = [0.0]
 
 
 def count(name: str, n: int = 1) -> None:
-    _counters[name] += n
+    _counters[name] = _counters.get(name, 0) + n
 
 
 def count_fallback(op_name: str) -> None:
@@ -24,7 +27,7 @@ def add_compile_time(seconds: float) -> None:
 
 def metrics() -> dict[str, Any]:
     """A snapshot of every counter (see docs for their meaning)."""
-    out: dict[str, Any] = dict(_counters)
+    out: dict[str, Any] = {k: v for k, v in _counters.items() if v}
     out["compile_seconds"] = round(_compile_seconds[0], 6)
     out["cpu_fallbacks"] = dict(_fallbacks)
     return out
@@ -32,5 +35,6 @@ def metrics() -> dict[str, Any]:
 
 def reset() -> None:
     _counters.clear()
+    _counters.update(dict.fromkeys(_HOT, 0))
     _fallbacks.clear()
     _compile_seconds[0] = 0.0

@@ -607,10 +607,10 @@ class CompiledGraph:
                         f"compiled graph {self.op} (sizes padded to buckets)", unit="argument",
                         advice="Each new bucket compiles a new program: fewer buckets "
                         "(TORCH_PJRT_BUCKETS=1 or 2) compile less.")
-        misses = counters._counters["cache_misses"]
+        misses = counters.metrics().get("cache_misses", 0)
         outs = self.op([args[i] for i in g["mutated"]], [passed[i] for i in g["tensors"]],
                        ints, scalars)
-        if counters._counters["cache_misses"] != misses:
+        if counters.metrics().get("cache_misses", 0) != misses:
             counters.count("bucketed_graph_programs")
         for flat in outs:
             _remember(flat)
