@@ -12,14 +12,6 @@ import torch_pjrt
 from torch_pjrt.demo.model import GPT, GPTConfig
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_pjrt.counters.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def _mlp():
     return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(),
                          nn.Linear(32, 4))

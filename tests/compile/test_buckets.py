@@ -13,14 +13,6 @@ from torch_pjrt.compile import buckets
 from torch_pjrt.demo.model import GPT, GPTConfig
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_pjrt.counters.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def _programs() -> int:
     return torch_pjrt.metrics().get("bucketed_graph_programs", 0)
 

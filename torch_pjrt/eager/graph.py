@@ -70,10 +70,10 @@ def configure() -> None:
     memory.on_pressure = _note_pressure
 
 
-def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]:
-    """Append an op to the pending graph; its results are Lazy placeholders. `inputs`: the
-    records' values in `entry.order`, where the caller has them."""
-    global pending, _device, due
+def _append(entry, recs: list, dyn: list, device: int, inputs) -> Node:
+    """The op as the next node of the pending graph (run the graph first if it is for
+    another device)."""
+    global pending, _device
     if device != _device:
         if _device is not None:
             flush("device change")
@@ -84,6 +84,14 @@ def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]
     node = Node(entry, inputs, dyn, len(_nodes))
     _nodes.append(node)
     pending = True
+    return node
+
+
+def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]:
+    """Append an op to the pending graph; its results are Lazy placeholders. `inputs`: the
+    records' values in `entry.order`, where the caller has them."""
+    global due
+    node = _append(entry, recs, dyn, device, inputs)
     for buf in entry.written:
         old = recs[buf].value
         if old is not None and type(old) is not Lazy:
@@ -95,17 +103,8 @@ def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]
 
 def record_single(entry, recs: list, dyn: list, device: int, inputs) -> torch.Tensor:
     """record() of an op that returns one fresh tensor and writes nothing: that tensor."""
-    global pending, _device, due
-    if device != _device:
-        if _device is not None:
-            flush("device change")
-            inputs = None
-        _device = device
-    if inputs is None:
-        inputs = [recs[i].value for i in entry.order]
-    node = Node(entry, inputs, dyn, len(_nodes))
-    _nodes.append(node)
-    pending = True
+    global due
+    node = _append(entry, recs, dyn, device, inputs)
     if node.position >= max_ops - 1:
         due = True
     shape, stride, dtype, jdtype, nbytes = entry.outs[0]
