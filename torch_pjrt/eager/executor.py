@@ -69,13 +69,12 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values", "random", "call", "ordered", "quick", "alias_return")
+                 "signature", "values", "random", "call", "ordered", "alias_return")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
         self.call = None  # the compiled program, once fn has compiled it, if it takes the
         # storage buffers in argument order (no donation reorders them)
-        self.quick = None  # call, where the op returns one fresh tensor and has no checks
         self.trace = None  # the traced function itself, which fused graphs call
         self.order: list[int] = []  # storage buffers in argument order (donated first)
         self.ordered = False  # order is the buffers' own order (nothing donated first)
@@ -246,17 +245,6 @@ def kernel(spec: OpSpec, /, *args, **kwargs):
         if graph.due:
             graph.flush(graph.flush_reason() or "size cap")
         return out
-    call = entry.quick
-    if call is not None and not graph.pending:
-        try:
-            if hit[2]:
-                results = call(*hit[4], *[_device_scalar(v, hit[3]) for v in hit[2]])
-            else:
-                results = call(*hit[4])
-        except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
-            raise _runtime_error(spec, e) from e
-        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
-        return _new_tensor(shape, stride, dtype, jdtype, nbytes, hit[3], results[0])
     return _run_strict(spec, entry, hit, args)
 
 
@@ -339,19 +327,16 @@ def _run_strict(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
         checks.defer(results[-1], entry.checks, str(spec.op))
     if entry.single:
         shape, stride, dtype, jdtype, nbytes = entry.outs[0]
-        return table.new_tensor(shape, stride, dtype, jdtype, nbytes, hit[3], results[0])
+        return _new_tensor(shape, stride, dtype, jdtype, nbytes, hit[3], results[0])
     return _outputs(spec, entry, hit[1], hit[3], args, results)
 
 
 def _run_fused(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
-    """_run for a native cache hit in fused mode."""
+    """_run for a native cache hit in fused mode, of an op with other returns than one
+    fresh tensor (kernel() records those through graph.record_single)."""
     device = hit[3]
     results = graph.record(entry, hit[1], hit[2], device, hit[4] if entry.ordered else None)
-    if entry.single:
-        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
-        out = table.new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
-    else:
-        out = _outputs(spec, entry, hit[1], device, args, results)
+    out = _outputs(spec, entry, hit[1], device, args, results)
     if graph.due:
         graph.flush(graph.flush_reason() or "size cap")
     return out
@@ -656,8 +641,6 @@ class _Launcher:
                 get_side=lambda: entry.checks, set_side=entry.set_checks)
             if self.order is None:
                 entry.call = self.compiled
-                if entry.single and entry.checks is None:
-                    entry.quick = self.compiled
         return self.compiled(*args, *dyn)
 
 
