@@ -73,7 +73,7 @@ def configure() -> None:
 def _append(entry, recs: list, dyn: list, device: int, inputs) -> Node:
     """The op as the next node of the pending graph (run the graph first if it is for
     another device)."""
-    global pending, _device
+    global pending, due, _device
     if device != _device:
         if _device is not None:
             flush("device change")
@@ -84,29 +84,25 @@ def _append(entry, recs: list, dyn: list, device: int, inputs) -> Node:
     node = Node(entry, inputs, dyn, len(_nodes))
     _nodes.append(node)
     pending = True
+    if len(_nodes) >= max_ops:
+        due = True
     return node
 
 
 def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]:
     """Append an op to the pending graph; its results are Lazy placeholders. `inputs`: the
     records' values in `entry.order`, where the caller has them."""
-    global due
     node = _append(entry, recs, dyn, device, inputs)
     for buf in entry.written:
         old = recs[buf].value
         if old is not None and type(old) is not Lazy:
             _superseded.setdefault(id(old), recs[buf])
-    if len(_nodes) >= max_ops:
-        due = True
     return [Lazy(node, i, shape, dtype) for i, (shape, dtype) in enumerate(entry.result_avals)]
 
 
 def record_single(entry, recs: list, dyn: list, device: int, inputs) -> torch.Tensor:
     """record() of an op that returns one fresh tensor and writes nothing: that tensor."""
-    global due
     node = _append(entry, recs, dyn, device, inputs)
-    if node.position >= max_ops - 1:
-        due = True
     shape, stride, dtype, jdtype, nbytes = entry.outs[0]
     return table.new_tensor(shape, stride, dtype, jdtype, nbytes, device,
                             Lazy(node, 0, *entry.result_avals[0]))

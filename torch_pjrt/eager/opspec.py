@@ -128,6 +128,12 @@ _FAST_TENSOR, _FAST_OPT_TENSOR, _FAST_TENSOR_LIST, _FAST_STATIC, _FAST_SCALAR, _
     _FAST_NONE = range(7)
 
 
+def _is_nan(value) -> bool:
+    """A NaN default: the key builder compares a passed scalar with its default to key it by
+    value, which NaN defeats, so an op whose trailing default is NaN keeps the Python key."""
+    return isinstance(value, float) and value != value
+
+
 def _fast_plan(args: list[ArgSpec], static: frozenset) -> tuple:
     """(token, code per argument, defaults, fewest positional arguments) for the native key
     builder, which covers calls without keyword arguments whose arguments it can encode and
@@ -152,7 +158,7 @@ def _fast_plan(args: list[ArgSpec], static: frozenset) -> tuple:
         quiet = a.default is not _NO_DEFAULT and (
             (a.kind == OPT_TENSOR and a.default is None)
             or a.kind in (OTHER, GENERATOR)
-            or (a.kind == SCALAR and (a.name in static or a.default == a.default)))
+            or (a.kind == SCALAR and (a.name in static or not _is_nan(a.default))))
         if not quiet:
             break
         fewest = i

@@ -139,6 +139,12 @@ def _indices(shape, stride, offset):
     return idx
 
 
+def _block_limits(shape: Shape, order, block: Shape) -> Shape:
+    """The extent of a view inside its block: the view's dims in block order, then the
+    trailing element dim."""
+    return (block[0],) + tuple(shape[i] for i in order[1:]) + (1,)
+
+
 def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     """The tensor (shape, stride, offset) of a flat buffer, as a dense array."""
     if dtype is not None:
@@ -156,7 +162,7 @@ def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     order, block = plan
     if not order:  # one element, broadcast
         return jnp.broadcast_to(_segment(flat, offset, 1).reshape((1,) * len(shape)), shape)
-    limits = (block[0],) + tuple(shape[i] for i in order[1:]) + (1,)
+    limits = _block_limits(shape, order, block)
     base, start = _block_start(flat, offset, block, limits)
     seg = _segment(flat, base, math.prod(block)).reshape(block)
     dense = lax.slice(seg, start, tuple(c + n for c, n in zip(start, limits)))
@@ -198,7 +204,7 @@ def write(flat, value, shape: Shape, stride: Shape, offset: int):
     if not order:
         return lax.dynamic_update_slice(flat, value.reshape(-1)[:1], (offset,))
     length = math.prod(block)
-    limits = (block[0],) + tuple(shape[i] for i in order[1:]) + (1,)
+    limits = _block_limits(shape, order, block)
     dense = jnp.transpose(value.reshape([shape[i] for i in sorted(order)]),
                           [sorted(order).index(i) for i in order])
     dense = dense.reshape(limits)
