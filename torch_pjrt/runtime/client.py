@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 
@@ -16,6 +17,10 @@ jax.config.update("jax_enable_x64", True)
 def devices() -> tuple[jax.Device, ...]:
     """The local PJRT devices, in index order (pjrt:0, pjrt:1, ...)."""
     platform = _env.get("TORCH_PJRT_PLATFORM").strip().lower() or None
+    if platform == "cpu" or (platform is None and not _accelerator_plugins()):
+        from . import host_memory
+
+        host_memory.tune()  # before the client starts its threads: they take malloc arenas
     try:
         found = jax.local_devices(backend=platform)
     except RuntimeError as e:
@@ -23,6 +28,22 @@ def devices() -> tuple[jax.Device, ...]:
             f"torch_pjrt: no PJRT devices for TORCH_PJRT_PLATFORM={platform!r}: {e}"
         ) from None
     return tuple(sorted(found, key=lambda d: d.id))
+
+
+def _accelerator_plugins() -> bool:
+    """Whether JAX could find a non-CPU PJRT plugin (so it may not pick the CPU)."""
+    import importlib.metadata
+    import pkgutil
+
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return False
+    try:
+        import jax_plugins  # namespace package of PJRT plugins
+        if any(True for _ in pkgutil.iter_modules(jax_plugins.__path__)):
+            return True
+    except ImportError:
+        pass
+    return bool(importlib.metadata.entry_points(group="jax_plugins"))
 
 
 def device(index: int) -> jax.Device:
