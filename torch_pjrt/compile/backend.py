@@ -10,15 +10,17 @@ TORCH_PJRT_CPU_FALLBACK=0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.utils._pytree as pytree
 
 from .. import _env, counters
 from ..lowering import registry
-from . import graph
+from . import graph, warm
 
 _warned: set[str] = set()
 
@@ -33,25 +35,46 @@ def decompositions() -> dict:
     return {op: fn for op, fn in table.items() if op not in lowered}
 
 
+class _LazyDecompositions(Mapping):
+    """decompositions(), built when AOTAutograd first reads it: a warm start that finds
+    its graphs in the cache never traces, and skips building the table (50-80 ms)."""
+
+    def __getitem__(self, op):
+        return decompositions()[op]
+
+    def __iter__(self) -> Iterator:
+        return iter(decompositions())
+
+    def __len__(self) -> int:
+        return len(decompositions())
+
+
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
-                   user_outputs: int | None = None):
+                   user_outputs: int | None = None) -> warm.PjrtOutputCode:
+    """AOTAutograd's forward, backward and inference compiler."""
+    return compile_output(gm, example_inputs, _internal_outputs_from(user_outputs))
+
+
+def compile_output(gm: torch.fx.GraphModule, example_inputs: list, internal_from: int | None,
+                   name: str | None = None) -> warm.PjrtOutputCode:
+    """One graph as one XLA program (or, without a lowering for one of its ops, run op by
+    op); also how a warm start rebuilds a graph from the AOTAutograd cache."""
     try:
-        compiled = graph.CompiledGraph(gm, list(example_inputs),
-                                       _internal_outputs_from(user_outputs))
+        compiled = graph.CompiledGraph(gm, list(example_inputs), internal_from, name)
     except graph.Unsupported as e:
-        if str(e) == "a graph without tensor inputs":  # nothing to offload: run it as is
-            return _eager(gm)
-        if not _env.flag("TORCH_PJRT_CPU_FALLBACK"):
-            raise RuntimeError(f"pjrt: torch.compile graph uses {e}, which has no lowering "
-                               "(and TORCH_PJRT_CPU_FALLBACK=0)") from None
-        counters.count("compile_eager_graphs")
-        if str(e) not in _warned:
-            _warned.add(str(e))
-            warnings.warn(f"pjrt: a torch.compile graph uses {e}, which has no lowering; that "
-                          "graph runs op by op in eager mode instead", stacklevel=2)
-        return _eager(gm)
+        if str(e) != "a graph without tensor inputs":  # else nothing to offload: run it as is
+            if not _env.flag("TORCH_PJRT_CPU_FALLBACK"):
+                raise RuntimeError(f"pjrt: torch.compile graph uses {e}, which has no lowering "
+                                   "(and TORCH_PJRT_CPU_FALLBACK=0)") from None
+            counters.count("compile_eager_graphs")
+            if str(e) not in _warned:
+                _warned.add(str(e))
+                warnings.warn(f"pjrt: a torch.compile graph uses {e}, which has no lowering; "
+                              "that graph runs op by op in eager mode instead", stacklevel=3)
+        return warm.PjrtOutputCode(fn=_eager(gm), gm=gm, internal_from=internal_from)
     counters.count("compiled_graphs")
-    return compiled
+    return warm.PjrtOutputCode(fn=compiled, gm=gm, internal_from=internal_from,
+                               name=compiled.name)
 
 
 def _internal_outputs_from(user_outputs: int | None) -> int | None:
@@ -68,8 +91,11 @@ def _internal_outputs_from(user_outputs: int | None) -> int | None:
 
 
 def _eager(gm: torch.fx.GraphModule):
+    """The graph run op by op. Its code is generated afresh: a graph a warm start loaded
+    from the cache has none yet."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    gm.recompile()
     return make_boxed_func(gm.forward)
 
 
@@ -82,12 +108,15 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
     runtime.ensure_initialized()
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     user_outputs = len(pytree.arg_tree_leaves(*out_node.args))
-    backend = aot_autograd(fw_compiler=functools.partial(_compile_graph,
-                                                         user_outputs=user_outputs),
-                           inference_compiler=_compile_graph, bw_compiler=_compile_graph,
-                           decompositions=decompositions(),
+    compilers = {"fw_compiler": functools.partial(_compile_graph, user_outputs=user_outputs),
+                 "inference_compiler": _compile_graph, "bw_compiler": _compile_graph}
+    cached = warm.enabled()
+    if cached:  # AOTAutograd's result kept on disk for the next process (see warm.py)
+        compilers = {k: warm.serializable(fn) for k, fn in compilers.items()}
+    backend = aot_autograd(**compilers, decompositions=_LazyDecompositions(),
                            keep_inference_input_mutations=True)
-    return backend(gm, example_inputs)
+    with warm.scope() if cached else contextlib.nullcontext():
+        return backend(gm, example_inputs)
 
 
 def register() -> None:

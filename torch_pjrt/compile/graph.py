@@ -445,11 +445,13 @@ class CompiledGraph:
     through untouched."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list,
-                 internal_from: int | None = None):
+                 internal_from: int | None = None, name: str | None = None):
         """`internal_from`: outputs from this index on are read only by our own graphs
         (a forward's saved activations); they keep their dimension order but lose the gaps
         of the views they were traced as (q, k and v are views of one qkv buffer), so the
-        program writes each one plainly instead of padding it out to the whole buffer."""
+        program writes each one plainly instead of padding it out to the whole buffer.
+        `name`: the operator's name when this graph was compiled before (a warm start
+        rebuilds it from a stored copy, whose printout may differ in symbol names)."""
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if not any(isinstance(ex, torch.Tensor) for ex in example_inputs):
             # the dispatcher finds a backend through tensor arguments: none, no operator
@@ -526,8 +528,10 @@ class CompiledGraph:
 
         lowering.__name__ = "compiled_graph"
         out_metas = [r.meta["val"] for r in computed]
-        name = "graph_" + fingerprint(gm, internal_from,
-                                      None if bucketing is None else bucketing.steps)
+        if name is None:
+            name = "graph_" + fingerprint(gm, internal_from,
+                                          None if bucketing is None else bucketing.steps)
+        self.name = name
         self.n_inputs = len(placeholders)
         self.placeholder_metas = placeholder_metas
         self.out_metas = out_metas
