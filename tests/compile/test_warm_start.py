@@ -25,6 +25,8 @@ x, y = torch.randn(int(sys.argv[1]), 8).to("pjrt"), torch.randn(int(sys.argv[1])
 loss = F.mse_loss(compiled(x), y)
 loss.backward()
 opt.step()
+if len(sys.argv) > 2:  # with TORCH_CACHING_PRECOMPILE=1: Dynamo's own cache is written now
+    torch.compiler.save_cache_artifacts()
 print(json.dumps({"loss": loss.item(),
                   "params": [p.detach().cpu().flatten().tolist() for p in model.parameters()],
                   "metrics": {k: v for k, v in torch_pjrt.metrics().items()
@@ -32,10 +34,14 @@ print(json.dumps({"loss": loss.item(),
 """
 
 
-def _step(cache_dir, batch=8):
+def _step(cache_dir, batch=8, precompile=False):
     env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(cache_dir),
            "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")}
-    out = subprocess.run([sys.executable, "-c", STEP, str(batch)], env=env,
+    args = [str(batch)]
+    if precompile:
+        env["TORCH_CACHING_PRECOMPILE"] = "1"
+        args.append("save")
+    out = subprocess.run([sys.executable, "-c", STEP, *args], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,6 +86,17 @@ def test_other_shape_is_another_entry(tmp_path):
     _, m = _step(tmp_path, batch=5)
     assert m.get("aot_cache_hits", 0) == 0 and m["aot_cache_writes"] == 1
     assert len(_entries(tmp_path)) == 2
+
+
+def test_dynamo_precompile_opt_in_skips_tracing(tmp_path):
+    """PyTorch's experimental Dynamo cache (TORCH_CACHING_PRECOMPILE=1, written by
+    torch.compiler.save_cache_artifacts()) stores our entries too: the second process
+    neither traces nor calls the backend."""
+    cold, m = _step(tmp_path, precompile=True)
+    assert m["aot_cache_writes"] == 1
+    warm, m = _step(tmp_path, precompile=True)
+    assert m.get("aot_cache_lookups", 0) == 0 and m["aot_cache_hits"] == 1
+    assert m.get("disk_cache_misses", 0) == 0 and warm == cold
 
 
 # ------------------------------------------------------------------ in one process
