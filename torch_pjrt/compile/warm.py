@@ -165,7 +165,6 @@ class _KeyParts:
     metadata and sizes to their symbols)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, aot_config) -> None:
-        from .. import _env as env
         from . import buckets
 
         self.gm = gm
@@ -182,7 +181,7 @@ class _KeyParts:
         self.tag = torch.compiler.config.cache_key_tag
         self.python = sys.version_info[:2]  # what wrote the pickled entry
         self.pjrt = (compile_cache.digest("torch.compile", _device_index(example_inputs)),
-                     buckets.steps_per_octave(), env.flag("TORCH_PJRT_CPU_FALLBACK"))
+                     buckets.steps_per_octave(), _env.flag("TORCH_PJRT_CPU_FALLBACK"))
 
 
 def _device_index(example_inputs) -> int:
