@@ -161,9 +161,14 @@ def run_info(args: argparse.Namespace) -> int:
     from .eager import modes
 
     print(f"eager mode: {modes.get()}")
+    from .compile import warm
+
     c = compile_cache.info()
     print(f"compile cache: {c['directory']} ({c['entries']} entries, {c['bytes'] / 1e6:.1f} MB"
           f" of {c['max_bytes'] / 1e9:.1f} GB){'' if c['enabled'] else ' (disabled)'}")
+    aot = warm.info()
+    print(f"torch.compile (AOTAutograd) cache: {aot['directory']} ({aot['entries']} entries, "
+          f"{aot['bytes'] / 1e6:.1f} MB)")
     print("environment:")
     for var in _env.VARIABLES:
         print(f"  {var.name}={_env.get(var.name)!r}")
@@ -171,12 +176,19 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_cache(args: argparse.Namespace) -> int:
+    """XLA programs (xla/) and torch.compile's AOTAutograd results (aot/), together: an
+    AOT entry names programs, so clearing one kind alone would only cost recompiles."""
+    from .compile import warm
     from .runtime import compile_cache
 
     if args.action == "clear":
         print(f"removed {compile_cache.clear()} entries from {compile_cache.directory()}")
+        print(f"removed {warm.clear()} entries from {warm.directory()}")
         return 0
     c = compile_cache.info()
+    aot = warm.info()
     print(f"directory: {c['directory']}\nenabled: {c['enabled']}\nentries: {c['entries']}\n"
-          f"bytes: {c['bytes']}\nmax_bytes: {c['max_bytes']}\nnewest: {c['newest']}")
+          f"bytes: {c['bytes']}\nmax_bytes: {c['max_bytes']}\nnewest: {c['newest']}\n"
+          f"aot directory: {aot['directory']}\naot entries: {aot['entries']}\n"
+          f"aot bytes: {aot['bytes']}")
     return 0

@@ -85,11 +85,14 @@ def test_cache_cli_info_and_clear(tmp_path):
     env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path)}
     info = subprocess.run([sys.executable, "-m", "torch_pjrt", "cache", "info"], env=env,
                           capture_output=True, text=True, timeout=120)
-    assert info.returncode == 0 and "entries" in info.stdout, info.stderr
+    assert info.returncode == 0 and "aot entries" in info.stdout, info.stderr
+    aot = tmp_path / "aot" / "ab" / "x.aot"  # an entry of the torch.compile cache
+    aot.parent.mkdir(parents=True)
+    aot.write_bytes(b"entry")
     clear = subprocess.run([sys.executable, "-m", "torch_pjrt", "cache", "clear"], env=env,
                            capture_output=True, text=True, timeout=120)
     assert clear.returncode == 0, clear.stderr
-    assert _entries(tmp_path) == []
+    assert _entries(tmp_path) == [] and not aot.exists()
 
 
 LINALG = """

@@ -306,6 +306,13 @@ def _remove(path: str) -> bool:
         return False
 
 
+def info() -> dict:
+    """Where the AOTAutograd entries are, how many, how many bytes."""
+    entries = _entries()
+    return {"directory": directory(), "entries": len(entries),
+            "bytes": sum(size for _, size, _ in entries)}
+
+
 def clear() -> int:
     """Delete every entry; returns how many there were."""
     return sum(_remove(path) for _, _, path in _entries())
