@@ -52,6 +52,18 @@ def test_second_process_starts_warm(tmp_path, mode):
     assert warm["hits"] == cold["misses"] and warm["misses"] == 0
 
 
+def test_compiler_flags_from_the_environment_are_part_of_the_key(tmp_path):
+    """A program XLA built under other XLA_FLAGS is another program (fast math, precision):
+    it must not be served to a process with different flags."""
+    flags = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}
+    first = _run(tmp_path, extra_env=flags)
+    assert first["misses"] > 0
+    other = _run(tmp_path, extra_env={"XLA_FLAGS": ""})
+    assert other["hits"] == 0 and other["misses"] == first["misses"]
+    again = _run(tmp_path, extra_env=flags)
+    assert again["misses"] == 0 and again["hits"] == first["misses"]
+
+
 def test_two_processes_at_once(tmp_path):
     procs = [_run(tmp_path, background=True) for _ in range(2)]
     for p in procs:

@@ -64,6 +64,9 @@ def _source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+_COMPILER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "NEURON_CC_FLAGS")
+
+
 @functools.cache
 def _prefix(device_index: int) -> str:
     import jax
@@ -73,9 +76,11 @@ def _prefix(device_index: int) -> str:
     from . import client
 
     d = client.device(device_index)
+    # compiler options given through the environment change the program XLA builds
+    flags = ";".join(f"{v}={os.environ.get(v, '')}" for v in _COMPILER_ENV)
     return (f"torch={torch.__version__};jax={jax.__version__};jaxlib={jaxlib.__version__};"
             f"src={_source_hash()};platform={d.platform};kind={d.device_kind};"
-            f"devices={client.device_count()};")
+            f"devices={client.device_count()};{flags};")
 
 
 def digest(key: Any, device_index: int) -> str:
