@@ -17,6 +17,11 @@ def count(name: str, n: int = 1) -> None:
     _counters[name] = _counters.get(name, 0) + n
 
 
+def value(name: str) -> int:
+    """One counter's current value (cheaper than metrics() on a hot path)."""
+    return _counters.get(name, 0)
+
+
 def count_fallback(op_name: str) -> None:
     _fallbacks[op_name] += 1
 

@@ -336,11 +336,18 @@ def _gather_input(plan: buckets.Plan, placeholder: torch.fx.Node, flat, truth: b
 _bucket_storages: dict[int, int] = {}
 
 
+_BUCKET_STORAGES_KEPT = 100_000
+
+
 def _remember(t: torch.Tensor) -> None:
-    if len(_bucket_storages) > 100_000:
-        _bucket_storages.clear()
+    """Note an output storage (most recent last; the oldest are forgotten past the cap,
+    which costs them a copy if a later graph reads them)."""
     storage = t.untyped_storage()
-    _bucket_storages[storage.data_ptr()] = storage.nbytes()
+    ptr = storage.data_ptr()
+    _bucket_storages.pop(ptr, None)
+    _bucket_storages[ptr] = storage.nbytes()
+    if len(_bucket_storages) > _BUCKET_STORAGES_KEPT:
+        del _bucket_storages[next(iter(_bucket_storages))]
 
 
 def _pad_input(x: torch.Tensor, m: torch.Tensor, layout, plan: buckets.Plan, padded: dict,
@@ -368,10 +375,6 @@ def _pad_input(x: torch.Tensor, m: torch.Tensor, layout, plan: buckets.Plan, pad
     fresh.as_strided(tuple(x.shape), dense, 0).copy_(x)
     extra.extend([0, *dense])
     return fresh, _GATHER
-
-
-def _placeholder(plan: buckets.Plan, i: int) -> torch.fx.Node:
-    return plan.placeholders[i]
 
 
 def _capacity(m: torch.Tensor, bindings: dict) -> int:
@@ -402,7 +405,7 @@ def _signature(args) -> tuple:
 _SIZE_QUERIES = {
     torch.ops.aten.sym_size.int: lambda x, d: x.shape[d],
     torch.ops.aten.sym_numel.default: lambda x: x.size,
-    torch.ops.aten.sym_stride.int: lambda x, d: int(__import__("math").prod(x.shape[d + 1:])),
+    torch.ops.aten.sym_stride.int: lambda x, d: int(math.prod(x.shape[d + 1:])),
 }
 
 
@@ -600,7 +603,7 @@ class CompiledGraph:
             m = self.placeholder_metas[i]
             passed[i] = concrete((m,), padded)[0] if isinstance(m, torch.SymInt) else args[i]
         for i in g["tensors"]:
-            layout = plan.layouts[_placeholder(plan, i)]
+            layout = plan.layouts[plan.placeholders[i]]
             if plan.padded(layout):
                 passed[i], mode = _pad_input(args[i], self.placeholder_metas[i], layout, plan,
                                              padded, extra)
@@ -611,10 +614,10 @@ class CompiledGraph:
                         f"compiled graph {self.op} (sizes padded to buckets)", unit="argument",
                         advice="Each new bucket compiles a new program: fewer buckets "
                         "(TORCH_PJRT_BUCKETS=1 or 2) compile less.")
-        misses = counters.metrics().get("cache_misses", 0)
+        misses = counters.value("cache_misses")
         outs = self.op([args[i] for i in g["mutated"]], [passed[i] for i in g["tensors"]],
                        ints, scalars)
-        if counters.metrics().get("cache_misses", 0) != misses:
+        if counters.value("cache_misses") != misses:
             counters.count("bucketed_graph_programs")
         for flat in outs:
             _remember(flat)
