@@ -31,6 +31,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_HOST_MALLOC", "1", "On the cpu platform: 1: glibc's malloc keeps freed "
            "blocks for reuse (no mmap, no trimming, one arena), so programs do not page-fault "
            "their buffers in on every run; 0: malloc's own settings."),
+    EnvVar("TORCH_PJRT_CPU_KERNELS", "1", "On the cpu platform: 1: large float32 matrix "
+           "products call MKL's sgemm and layer norm ATen's kernels (libtorch's own), on "
+           "XLA's thread pool; 0: XLA's own ops (docs/xla-cpu-performance.md)."),
     EnvVar("TORCH_PJRT_FUSED_MAX_OPS", "10000", "Fused eager: flush the pending graph once it "
            "holds this many ops."),
     EnvVar("TORCH_PJRT_DEBUG_COMPARE", "0", "Debug eager: also run every op on the CPU and raise "

@@ -167,15 +167,17 @@ def _args_meta(node: torch.fx.Node) -> tuple[tuple, dict]:
 
 def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
                  mutations: dict[int, torch.fx.Node],
-                 plan: buckets.Plan | None = None) -> tuple[Callable, bool]:
-    """A JAX function of the graph's inputs computing (mutated inputs..., outputs...);
-    with a bucketing plan it runs at bucket sizes, masking where the plan says."""
+                 plan: buckets.Plan | None = None) -> tuple[Callable, bool, bool]:
+    """(fn, random, products): a JAX function of the graph's inputs computing (mutated
+    inputs..., outputs...), with a bucketing plan at bucket sizes, masking where the plan
+    says; whether it takes an RNG key; whether it computes matrix products."""
     plans: dict[torch.fx.Node, _NodePlan] = {}
     for i, node in enumerate(gm.graph.nodes):
         if node.op == "call_function" and node.target is not operator.getitem \
                 and node.target not in _SIZE_OPS and node.target not in _SIZE_QUERIES:
             plans[node] = _NodePlan(node, i)
     random = any(p.spec.lowering.random for p in plans.values())
+    products = any(p.spec.lowering.products for p in plans.values())
     placeholder_metas = [p.meta.get("val") for p in placeholders]
 
     def run(*inputs, key=None, truth=None):
@@ -239,7 +241,7 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
         return (*new_inputs, [env[o] for o in outputs])
 
     bucket_plan = plan
-    return run, random
+    return run, random, products
 
 
 # ------------------------------------------------------------- bucketed sizes
@@ -492,7 +494,8 @@ class CompiledGraph:
                 raise Unsupported(f"graph output {r!r} that is not a tensor")
         placeholder_metas = [p.meta.get("val") for p in placeholders]
         self.bucketing = _bucketing(gm, placeholders, placeholder_metas, mutations)
-        fn, random = _interpreter(gm, placeholders, computed, mutations, self.bucketing)
+        fn, random, products = _interpreter(gm, placeholders, computed, mutations,
+                                            self.bucketing)
 
         # The operator takes the inputs in four lists (schemas are limited to 64 arguments):
         # mutated tensors, other tensors, integers (static), other numbers (run time).
@@ -564,7 +567,7 @@ class CompiledGraph:
 
         torch.library.register_fake(f"pjrt_graphs::{name}", fake, lib=_lib)
         self.op = getattr(torch.ops.pjrt_graphs, name).default
-        registry.lower(self.op, random=random, eager=False)(lowering)
+        registry.lower(self.op, random=random, eager=False, products=products)(lowering)
         from ..eager import dispatch
 
         _impl.impl(name, dispatch.executor_kernel(self.op))

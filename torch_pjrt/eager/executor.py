@@ -27,7 +27,7 @@ import torch
 
 from .. import counters
 from ..lowering import apply, checks
-from ..runtime import compile_cache
+from ..runtime import compile_cache, cpu_kernels
 from ..storage import dtypes, table, views
 from . import debug, graph, modes, opspec
 from .opspec import (
@@ -69,7 +69,7 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values", "random", "call", "ordered", "alias_return")
+                 "signature", "values", "random", "call", "ordered", "alias_return", "products")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -86,6 +86,7 @@ class Entry:
         self.signature = ""  # the op and its input shapes, for recompile messages
         self.values: dict[int, Any] = {}  # non-tensor returns (from the meta kernel)
         self.random = False  # the lowering takes an RNG key
+        self.products = False  # the lowering computes matrix products (cpu_kernels)
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
         self.single = False  # the op returns exactly one fresh tensor
@@ -586,7 +587,8 @@ def _compile(call: _Call, key: tuple) -> Entry:
     sharding = jax.sharding.SingleDeviceSharding(_device(call.device))
     n_bufs = len(call.recs)
     order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
-    jitted = jax.jit(trace, out_shardings=sharding,
+    entry.products = spec.lowering.products
+    jitted = jax.jit(cpu_kernels.rewrite(trace, entry.products), out_shardings=sharding,
                      donate_argnums=tuple(range(len(entry.donate))))
     entry.digest = compile_cache.digest((key, call.device), call.device)
     entry.device = call.device

@@ -22,7 +22,7 @@ import torch
 
 from .. import _env, counters
 from ..lowering import checks
-from ..runtime import client, compile_cache
+from ..runtime import client, compile_cache, cpu_kernels
 from ..storage import table
 from . import recompiles
 
@@ -296,7 +296,8 @@ def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
         return tuple(produced[p][i] for p, i in outputs), tuple(flags)
 
     sharding = jax.sharding.SingleDeviceSharding(client.device(device))
-    plan.jitted = jax.jit(program, out_shardings=sharding,
+    products = any(entry.products for entry, _, _ in wiring)
+    plan.jitted = jax.jit(cpu_kernels.rewrite(program, products), out_shardings=sharding,
                           donate_argnums=tuple(range(len(donated))))
     return plan
 

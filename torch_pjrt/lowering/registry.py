@@ -33,6 +33,7 @@ class Lowering:
     wants_meta: bool = False  # fn takes meta= (the output ShapeDtypeStructs)
     eager: bool = True  # False: only compiled graphs use it (views are metadata in eager)
     dynamic: frozenset[str] = frozenset()  # float/int args passed at run time, like Scalars
+    products: bool = False  # fn computes matrix products (runtime/cpu_kernels.py looks at those)
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
@@ -46,12 +47,15 @@ def lower(
     random: bool = False,
     eager: bool = True,
     dynamic: Iterable[str] = (),
+    products: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each listed overload.
 
     Non-tensor arguments are static (part of the program's key) except Scalars, which
     are run-time inputs; `static=` makes Scalars static, `dynamic=` makes float or int
-    arguments run-time inputs (an optimizer's lr, so a scheduler does not recompile)."""
+    arguments run-time inputs (an optimizer's lr, so a scheduler does not recompile).
+    `products=True` marks a lowering that computes matrix products: on XLA:CPU only the
+    programs of such ops are searched for products to hand to MKL (runtime/cpu_kernels.py)."""
     if promote is not None and promote not in PROMOTIONS:
         raise ValueError(f"lower: unknown promotion {promote!r}; accepted: {PROMOTIONS}")
 
@@ -66,7 +70,7 @@ def lower(
                                  f"({_TABLE[op].fn.__module__}.{_TABLE[op].fn.__name__})")
             _TABLE[op] = Lowering(
                 op, fn, promote, tuple(operands) if operands is not None else None,
-                frozenset(static), random, wants_meta, eager, frozenset(dynamic),
+                frozenset(static), random, wants_meta, eager, frozenset(dynamic), products,
             )
         return fn
 

@@ -47,6 +47,7 @@ def directory() -> str:
 
 # The parts of torch-pjrt whose code shapes the compiled programs.
 _PROGRAM_SOURCES = ("eager", "lowering", "storage", "compile")
+_PROGRAM_FILES = ("runtime/cpu_kernels.py", "runtime/native/cpu_kernels.cpp")
 
 
 @functools.cache
@@ -61,6 +62,9 @@ def _source_hash() -> str:
             if name.endswith((".py", ".cpp")):
                 with open(os.path.join(dirpath, name), "rb") as f:
                     h.update(name.encode() + f.read())
+    for name in _PROGRAM_FILES:
+        with open(os.path.join(package, name), "rb") as f:
+            h.update(name.encode() + f.read())
     return h.hexdigest()[:16]
 
 
@@ -73,11 +77,12 @@ def _prefix(device_index: int) -> str:
     import jaxlib
     import torch
 
-    from . import client
+    from . import client, cpu_kernels
 
     d = client.device(device_index)
     # compiler options given through the environment change the program XLA builds
     flags = ";".join(f"{v}={os.environ.get(v, '')}" for v in _COMPILER_ENV)
+    flags += f";cpu_kernels={cpu_kernels.available()}"  # custom calls in the programs
     return (f"torch={torch.__version__};jax={jax.__version__};jaxlib={jaxlib.__version__};"
             f"src={_source_hash()};platform={d.platform};kind={d.device_kind};"
             f"devices={client.device_count()};{flags};")
@@ -126,11 +131,13 @@ def load(name: str, device: int):
             raise ValueError("bad header, length or checksum")
         from jax.experimental.serialize_executable import deserialize_and_load
 
-        from . import client
+        from . import client, cpu_kernels
 
         serialized, side = pickle.loads(payload)
         if b"lapack" in payload:  # the targets' names are in the stored program
             _prepare_custom_calls()  # (70 ms: it imports scipy.linalg)
+        if cpu_kernels.PREFIX.encode() in payload:
+            cpu_kernels.available()  # registers the kernels' handlers
         compiled = deserialize_and_load(*serialized,
                                         execution_devices=[client.device(device)])
     except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal

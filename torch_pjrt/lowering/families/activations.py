@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 import numpy as np
 
+from ...runtime import cpu_kernels
 from ..registry import lower
 from ._ops import aten, const, zero
 
@@ -25,6 +26,8 @@ def relu(x):
 
 @lower(aten.gelu.default, promote="default")
 def gelu(x, *, approximate="none"):
+    if approximate == "none" and cpu_kernels.gelu_applies(x):
+        return cpu_kernels.gelu(x, approximate)
     if approximate == "tanh":
         inner = const(math.sqrt(2 / math.pi), x) * (x + const(0.044715, x) * x * x * x)
         return 0.5 * x * (1 + jnp.tanh(inner))
@@ -33,6 +36,8 @@ def gelu(x, *, approximate="none"):
 
 @lower(aten.gelu_backward.default, promote="default")
 def gelu_backward(grad, x, *, approximate="none"):
+    if approximate == "none" and cpu_kernels.gelu_applies(grad, x):
+        return cpu_kernels.gelu_backward(grad, x, approximate)
     if approximate == "tanh":
         beta, kappa = const(math.sqrt(2 / math.pi), x), const(0.044715, x)
         t = jnp.tanh(beta * (x + kappa * x * x * x))

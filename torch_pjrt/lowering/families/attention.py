@@ -358,7 +358,7 @@ def _scale(q, scale):
 
 
 # -------------------------------------------------------------- the ops
-@lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True, products=True)
 def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
                             return_debug_mask=False, *, scale=None, key):
     layout = _Layout(q, k)
@@ -382,7 +382,7 @@ def _philox_to_key(seed, offset):
     return jax.random.wrap_key_data(data)
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default, products=True)
 def sdpa_fused_overrideable_backward(grad, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
                                      cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                                      philox_seed, philox_offset, *, scale=None):

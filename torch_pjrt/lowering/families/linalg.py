@@ -49,12 +49,13 @@ def matmul(a, b):
     return jnp.matmul(a, b, precision=precision(), preferred_element_type=acc).astype(out)
 
 
-@lower(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default, promote="default")
+@lower(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default, promote="default",
+       products=True)
 def mm(a, b):
     return matmul(a, b)
 
 
-@lower(aten.vdot.default, promote="default")
+@lower(aten.vdot.default, promote="default", products=True)
 def vdot(a, b):
     return matmul(jnp.conj(a), b)
 
@@ -84,25 +85,25 @@ def _scaled_sum(bias, prod, beta, alpha):
 
 # alpha and beta are static (a zero beta changes the program) and stay out of promotion.
 @lower(aten.addmm.default, promote="default", static=("beta", "alpha"),
-       operands=("self", "mat1", "mat2"))
+       operands=("self", "mat1", "mat2"), products=True)
 def addmm(bias, a, b, *, beta=1, alpha=1):
     return _scaled_sum(bias, matmul(a, b), beta, alpha)
 
 
 @lower(aten.baddbmm.default, promote="default", static=("beta", "alpha"),
-       operands=("self", "batch1", "batch2"))
+       operands=("self", "batch1", "batch2"), products=True)
 def baddbmm(bias, a, b, *, beta=1, alpha=1):
     return _scaled_sum(bias, matmul(a, b), beta, alpha)
 
 
 @lower(aten.addmv.default, promote="default", static=("beta", "alpha"),
-       operands=("self", "mat", "vec"))
+       operands=("self", "mat", "vec"), products=True)
 def addmv(bias, a, b, *, beta=1, alpha=1):
     return _scaled_sum(bias, matmul(a, b), beta, alpha)
 
 
 @lower(aten.addbmm.default, promote="default", static=("beta", "alpha"),
-       operands=("self", "batch1", "batch2"))
+       operands=("self", "batch1", "batch2"), products=True)
 def addbmm(bias, a, b, *, beta=1, alpha=1):
     prod = matmul(a, b)
     prod = jnp.any(prod, axis=0) if prod.dtype == jnp.bool_ else jnp.sum(prod, axis=0)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ...runtime import client
+from ...runtime import client, cpu_kernels
 from ...storage import dtypes
 from ..registry import lower
 from ._ops import aten
@@ -52,6 +52,8 @@ def _norm_axes(x, normalized_shape):
 
 @lower(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    if bias is not None and cpu_kernels.layer_norm_applies(x, normalized_shape, weight, bias):
+        return cpu_kernels.layer_norm(x, normalized_shape, weight, bias, eps)
     axes = _norm_axes(x, normalized_shape)
     xf = _upcast(x)
     mean = jnp.mean(xf, axis=axes, keepdims=True)
@@ -67,6 +69,11 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 @lower(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    if grad.dtype == jnp.float32 and cpu_kernels.layer_norm_applies(x, normalized_shape, weight):
+        dx, dw, db = cpu_kernels.layer_norm_backward(grad, x, normalized_shape, mean, rstd,
+                                                     weight)
+        return (dx if output_mask[0] else None, dw if output_mask[1] else None,
+                db if bias is not None and output_mask[2] else None)
     axes = _norm_axes(x, normalized_shape)
     batch_axes = tuple(range(x.ndim - len(normalized_shape)))
     g, xf = _upcast(grad), _upcast(x)

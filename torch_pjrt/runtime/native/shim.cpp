@@ -26,6 +26,8 @@
 
 namespace py = pybind11;
 
+std::vector<std::pair<const char*, void*>> torch_pjrt_cpu_kernels();  // cpu_kernels.cpp
+
 namespace {
 
 constexpr c10::DeviceType kPjrt = c10::DeviceType::PrivateUse1;
@@ -653,6 +655,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_device", [](int i) { current_device = check_index(c10::DeviceIndex(i)); });
   m.def("device_from_ptr", [](uint64_t p) { return int(index_from_ptr(reinterpret_cast<void*>(p))); });
   m.def("shutdown", [] { shutting_down = true; });
+  m.def("cpu_kernels", [] {  // cpu_kernels.cpp: {XLA FFI target: handler}, empty without MKL
+    py::dict out;
+    for (auto& [name, handler] : torch_pjrt_cpu_kernels())
+      out[name] = py::capsule(handler, "xla._CUSTOM_CALL_TARGET");
+    return out;
+  });
   s_numel = PyUnicode_InternFromString("numel");
   s_dtype = PyUnicode_InternFromString("dtype");
   s_value = PyUnicode_InternFromString("value");

@@ -1,0 +1,145 @@
+"""On XLA:CPU, float32 products run MKL's GEMM and layer norm ATen's kernels
+(runtime/cpu_kernels.py), with PyTorch's results."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import compare, outputs_and_grads, to_device
+
+import torch_pjrt
+from torch_pjrt.runtime import cpu_kernels
+
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
+# (a, b) of every transpose combination, stacked and not, with sizes that are not
+# multiples of the blocks the GEMM cuts them into.
+_PRODUCTS = [
+    ((67, 131), (131, 97), lambda a, b: a @ b),
+    ((131, 67), (131, 97), lambda a, b: a.t() @ b),
+    ((67, 131), (97, 131), lambda a, b: a @ b.t()),
+    ((131, 67), (97, 131), lambda a, b: a.t() @ b.t()),
+    ((5, 3, 70, 66), (5, 3, 66, 72), lambda a, b: a @ b),
+    ((5, 3, 66, 70), (5, 3, 72, 66), lambda a, b: a.transpose(-1, -2) @ b.mT),
+    ((6, 65, 80), (6, 65, 90), lambda a, b: torch.bmm(a.transpose(1, 2), b)),
+    ((300, 64), (64, 1), lambda a, b: a @ b),  # a column: one block
+]
+
+
+@pytest.mark.parametrize("case", range(len(_PRODUCTS)))
+def test_products_match_cpu(case):
+    sa, sb, fn = _PRODUCTS[case]
+    a, b = torch.randn(sa), torch.randn(sb)
+    compare(fn, a, b, atol=1e-4, rtol=1e-5)
+
+
+def _grads_match(fn, *tensors, atol: float, rtol: float) -> None:
+    """fn's output and input gradients on pjrt equal those on the CPU."""
+    expected = outputs_and_grads(fn, *tensors)
+    actual = outputs_and_grads(fn, *to_device(list(tensors)))
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got.cpu(), want, atol=atol, rtol=rtol)
+
+
+def test_linear_and_attention_gradients_match_cpu():
+    x, w, bias = torch.randn(4, 33, 96), torch.randn(80, 96), torch.randn(80)
+    q, k, v = (torch.randn(2, 4, 72, 64) for _ in range(3))
+
+    def fn(x, w, bias, q, k, v):
+        h = torch.nn.functional.linear(x, w, bias)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return h.sum() + (att * att).sum()
+
+    _grads_match(fn, x, w, bias, q, k, v, atol=2e-4, rtol=1e-4)
+
+
+@pytest.fixture
+def mode_offset(eager_mode, monkeypatch, tmp_path) -> int:
+    """For tests that count kernel calls while programs are traced: a fresh compile
+    cache (programs traced, not loaded), skipped where the kernels are off, and a size
+    offset per mode so that no mode reuses another's already compiled programs."""
+    monkeypatch.setenv("TORCH_PJRT_CACHE_DIR", str(tmp_path))
+    if not cpu_kernels.available():
+        pytest.skip("the kernels are used on the cpu platform with an MKL build of torch")
+    return ("strict", "fused", "debug").index(eager_mode)
+
+
+def test_products_call_the_gemm(mode_offset):
+    n = 91 + mode_offset
+    x = torch.randn(n, 77, device="pjrt", requires_grad=True)
+    w = torch.randn(83, 77, device="pjrt", requires_grad=True)
+    out = torch.nn.functional.linear(x, w)  # kept: fused mode drops a dead forward
+    out.backward(torch.randn(n, 83, device="pjrt"))
+    torch.pjrt.synchronize()
+    traced = torch_pjrt.counters.value("cpu_gemm_traced")
+    assert traced >= 3  # forward, input gradient, weight gradient
+    # w.t() in the forward and the output gradient's transpose in the weight gradient
+    assert torch_pjrt.counters.value("cpu_gemm_folded_transposes") >= 2
+    del out
+
+
+@pytest.mark.parametrize("shape, normalized, affine", [
+    ((4, 37, 96), (96,), "both"),
+    ((6, 5, 8, 12), (8, 12), "both"),  # two normalized dimensions
+    ((50, 64), (64,), "weight"),  # no bias: the backward's kernel, the forward's own
+    ((3, 40), (40,), "none"),  # no weight: XLA's own lowering
+])
+def test_layer_norm_matches_cpu(shape, normalized, affine):
+    x = torch.randn(shape) * 3 + 2
+    w = torch.randn(normalized) if affine != "none" else None
+    b = torch.randn(normalized) if affine == "both" else None
+
+    def fn(x, *params):
+        wb = dict(zip(("weight", "bias"), params))
+        return torch.nn.functional.layer_norm(x, normalized, eps=1e-5, **wb)
+
+    params = [p for p in (w, b) if p is not None]
+    _grads_match(fn, x, *params, atol=2e-4, rtol=1e-4)
+
+
+def test_layer_norm_calls_the_kernels(mode_offset):
+    n = 70 + mode_offset
+    x = torch.randn(n, 48, device="pjrt", requires_grad=True)
+    ln = torch.nn.LayerNorm(48).to("pjrt")
+    out = ln(x)
+    out.backward(torch.randn_like(out))
+    torch.pjrt.synchronize()
+    assert torch_pjrt.counters.value("cpu_layer_norm_traced") >= 2  # forward, backward
+    del out
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_matches_cpu(approximate):
+    x = torch.randn(40, 1000) * 4  # over the kernel's size floor
+    fn = lambda x: torch.nn.functional.gelu(x, approximate=approximate)  # noqa: E731
+    _grads_match(fn, x, atol=1e-5, rtol=1e-5)
+
+
+def test_gelu_calls_the_kernel(mode_offset):
+    n = 130 + mode_offset
+    x = torch.randn(n, 256, device="pjrt", requires_grad=True)
+    out = torch.nn.functional.gelu(x)
+    out.backward(torch.randn_like(out))
+    torch.pjrt.synchronize()
+    assert torch_pjrt.counters.value("cpu_gelu_traced") >= 2  # forward, backward
+    del out
+
+
+_OFF = r"""
+import torch, torch_pjrt
+from torch_pjrt.runtime import cpu_kernels
+a, b = torch.randn(100, 90), torch.randn(90, 80)
+ok = torch.allclose((a.to("pjrt") @ b.to("pjrt")).cpu(), a @ b, atol=1e-4)
+print(cpu_kernels.available(), ok)
+"""
+
+
+def test_opt_out(eager_mode):
+    if eager_mode != "strict":
+        pytest.skip("one subprocess is enough")
+    env = {**os.environ, "TORCH_PJRT_CPU_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-c", _OFF], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()
+    assert out[-2:] == ["False", "True"]
