@@ -1,5 +1,5 @@
-"""On XLA:CPU, float32 products run MKL's GEMM and layer norm ATen's kernels
-(runtime/cpu_kernels.py), with PyTorch's results."""
+"""On XLA:CPU, float32 products run MKL's GEMM, and layer norm, GELU and attention
+ATen's kernels (runtime/cpu_kernels.py), with PyTorch's results."""
 
 import os
 import subprocess
@@ -124,6 +124,44 @@ def test_gelu_calls_the_kernel(mode_offset):
     out.backward(torch.randn_like(out))
     torch.pjrt.synchronize()
     assert torch_pjrt.counters.value("cpu_gelu_traced") >= 2  # forward, backward
+    del out
+
+
+# (batch, query heads, key heads, query length, key length, head dim, causal, scale):
+# q, k, v are made as transposes of [B, L, H, E] (a transformer's layout) and as
+# contiguous [B, H, L, E] tensors.
+_ATTENTION = [
+    (3, 4, 4, 40, 40, 16, True, None),
+    (1, 3, 3, 10, 7, 8, False, 0.3),  # a batch of one: blocks of heads
+    (2, 3, 3, 7, 12, 8, True, None),  # more keys than queries
+    (2, 4, 2, 9, 9, 8, True, None),  # grouped queries
+]
+
+
+@pytest.mark.parametrize("case", range(len(_ATTENTION)))
+@pytest.mark.parametrize("layout", ["blhe", "bhle"])
+def test_attention_matches_cpu(case, layout):
+    b, hq, hk, lq, s, e, causal, scale = _ATTENTION[case]
+
+    def make(h, length):
+        if layout == "blhe":
+            return torch.randn(b, length, h, e).transpose(1, 2)
+        return torch.randn(b, h, length, e)
+
+    def fn(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hk)
+
+    _grads_match(fn, make(hq, lq), make(hk, s), make(hk, s), atol=2e-5, rtol=1e-5)
+
+
+def test_attention_calls_the_kernels(mode_offset):
+    q, k, v = (torch.randn(2, 40 + mode_offset, 4, 16, device="pjrt").transpose(1, 2)
+               .requires_grad_() for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.backward(torch.randn_like(out))
+    torch.pjrt.synchronize()
+    assert torch_pjrt.counters.value("cpu_attention_traced") >= 2  # forward, backward
     del out
 
 

@@ -230,3 +230,53 @@ def gelu_backward(grad, x, approximate: str):
     counters.count("cpu_gelu_traced")
     call = jax.ffi.ffi_call(_GELU_BACKWARD, jax.ShapeDtypeStruct(x.shape, jnp.float32))
     return call(_hint(x), grad, x, tanh=approximate == "tanh")
+
+
+# ------------------------------------------------------------------ attention
+_ATTENTION = "torch_pjrt_cpu_attention"
+_ATTENTION_BACKWARD = "torch_pjrt_cpu_attention_backward"
+
+
+def attention_applies(q, k, v, bias, dropout_p: float) -> bool:
+    """Whether ATen's CPU flash attention takes this call: float32 (B, H, L, E) queries,
+    keys and values of one head size, with as many key heads as query heads (or a
+    divisor, for grouped queries), no mask or bias tensor, no dropout, nothing empty,
+    on the cpu platform: the cases native CPU eager sends to the same kernel."""
+    f32 = jnp.float32
+    return (bias is None and dropout_p == 0 and q.ndim == 4 and k.ndim == 4 and v.ndim == 4
+            and q.dtype == f32 and k.dtype == f32 and v.dtype == f32
+            and q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1:3] == v.shape[1:3]
+            and q.shape[-1] == k.shape[-1] == v.shape[-1]
+            and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+            and q.size > 0 and k.size > 0 and v.size > 0 and _has(_ATTENTION))
+
+
+def _blhe(t):
+    """(B, H, L, E) -> (B, L, H, E): the kernels' memory layout. A transformer's q, k, v
+    are transposes of that layout already, so XLA cancels the two transposes."""
+    return jnp.swapaxes(t, 1, 2)
+
+
+def attention(q, k, v, causal: bool, scale: float):
+    """(out (B, H, L, Ev), logsumexp (B, H, L)) of ATen's CPU flash attention."""
+    counters.count("cpu_attention_traced")
+    b, h, length, _ = q.shape
+    f32 = jnp.float32
+    call = jax.ffi.ffi_call(_ATTENTION, (
+        jax.ShapeDtypeStruct((b, length, h, v.shape[-1]), f32),
+        jax.ShapeDtypeStruct((b, h, length), f32)))
+    out, lse = call(_hint(q), _blhe(q), _blhe(k), _blhe(v), causal=causal,
+                    scale=np.float64(scale))
+    return _blhe(out), lse
+
+
+def attention_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
+    """(dq, dk, dv) of ATen's CPU flash attention, each shaped as its input."""
+    counters.count("cpu_attention_traced")
+    f32 = jnp.float32
+    call = jax.ffi.ffi_call(_ATTENTION_BACKWARD, tuple(
+        jax.ShapeDtypeStruct(_blhe(t).shape, f32) for t in (q, k, v)))
+    grads = call(_hint(q), _blhe(grad.astype(f32)), _blhe(q), _blhe(k), _blhe(v),
+                 _blhe(out.astype(f32)), lse.astype(f32), causal=causal,
+                 scale=np.float64(scale))
+    return tuple(_blhe(g) for g in grads)

@@ -13,6 +13,10 @@ the size of its score matrix:
   (running max and sum), so memory grows with the block, not the key length;
   the backward recomputes each block's probabilities from the logsumexp.
 
+On XLA:CPU, float32 attention without a mask or dropout calls ATen's CPU flash
+attention instead (runtime/cpu_kernels.py): native CPU eager's own kernel, so results
+match it bit for bit.
+
 Dropout masks come from the op's PRNG key; the forward returns the key's data
 as philox_seed/philox_offset, so the backward regenerates the same masks.
 """
@@ -25,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ...runtime import cpu_kernels
 from ...storage import dtypes
 from ..registry import lower
 from ._ops import aten
@@ -361,6 +366,10 @@ def _scale(q, scale):
 @lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True, products=True)
 def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
                             return_debug_mask=False, *, scale=None, key):
+    if cpu_kernels.attention_applies(q, k, v, attn_bias, dropout_p):
+        out, lse = cpu_kernels.attention(q, k, v, is_causal, _scale(q, scale))
+        seed, offset = _key_to_philox(key)
+        return out, lse, None, None, seed, offset, None
     layout = _Layout(q, k)
     bias = None if attn_bias is None else layout.bias(attn_bias)
     out, lse = _attend(layout.query(q), layout.kv(k), layout.kv(v), bias, is_causal,
@@ -386,6 +395,10 @@ def _philox_to_key(seed, offset):
 def sdpa_fused_overrideable_backward(grad, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
                                      cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                                      philox_seed, philox_offset, *, scale=None):
+    if cpu_kernels.attention_applies(q, k, v, attn_bias, dropout_p):
+        grads = cpu_kernels.attention_backward(grad, q, k, v, out, logsumexp, is_causal,
+                                               _scale(q, scale))
+        return tuple(g if m else None for g, m in zip(grads + (None,), grad_input_mask))
     layout = _Layout(q, k)
     bias = None if attn_bias is None else layout.bias(attn_bias)
     want_bias = attn_bias is not None and grad_input_mask[3] \

@@ -1,5 +1,5 @@
 // torch-pjrt CPU kernels: XLA FFI handlers that run libtorch's own CPU kernels
-// (MKL's sgemm, ATen's layer norm and GELU) inside XLA:CPU programs, on XLA's intra-op
+// (MKL's sgemm, ATen's layer norm, GELU and flash attention) inside XLA:CPU programs, on XLA's intra-op
 // thread pool.
 //
 // Why: XLA:CPU's dots reach about 80% of MKL's speed on a transformer's linear
@@ -31,6 +31,7 @@
 #include <memory>
 #include <utility>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -92,6 +93,23 @@ void run_blocks(ffi::ThreadPool& pool, int blocks, std::function<void(int)> bloc
   state->work();
   std::unique_lock<std::mutex> lock(state->mu);
   state->cv.wait(lock, [&] { return state->done.load() == blocks; });
+}
+
+// run_blocks, with an exception from any block (ATen's checks throw c10::Error)
+// returned as the call's error instead of terminating the process; the first one wins.
+ffi::Error run_aten_blocks(ffi::ThreadPool& pool, int blocks, const char* what,
+                           std::function<void(int)> block) {
+  std::mutex mu;
+  std::string error;
+  run_blocks(pool, blocks, [&](int i) {
+    try {
+      block(i);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (error.empty()) error = std::string(what) + ": " + e.what();
+    }
+  });
+  return error.empty() ? ffi::Error::Success() : ffi::Error::Internal(error);
 }
 
 // [lo, hi) of block i when `extent` units are cut into `blocks` nearly equal blocks.
@@ -208,7 +226,7 @@ ffi::Error LayerNorm(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
   at::Tensor W = view(w.typed_data(), {n}), B = view(b.typed_data(), {n});
   float *py = y->typed_data(), *pm = mean->typed_data(), *pr = rstd->typed_data();
   int blocks = block_count(pool, m, 16);
-  run_blocks(pool, blocks, [&](int i) {
+  return run_aten_blocks(pool, blocks, "torch_pjrt layer_norm", [&](int i) {
     auto [lo, hi] = block_range(m, i, blocks);
     int64_t rows = hi - lo;
     if (rows == 0) return;
@@ -217,7 +235,6 @@ ffi::Error LayerNorm(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
     at::Tensor Mean = view(pm + lo, {rows}), Rstd = view(pr + lo, {rows});
     at::native::LayerNormKernel(at::kCPU, X, W, B, rows, n, eps, &Y, &Mean, &Rstd);
   });
-  return ffi::Error::Success();
 }
 
 ffi::Error LayerNormBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
@@ -244,7 +261,7 @@ ffi::Error LayerNormBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
   int blocks = block_count(pool, m, 16);
   // each block's weight and bias gradients, summed over the blocks at the end
   std::vector<float> partial(size_t(blocks) * 2 * n, 0.0f);
-  run_blocks(pool, blocks, [&](int i) {
+  ffi::Error error = run_aten_blocks(pool, blocks, "torch_pjrt layer_norm_backward", [&](int i) {
     auto [lo, hi] = block_range(m, i, blocks);
     int64_t rows = hi - lo;
     if (rows == 0) return;
@@ -256,6 +273,7 @@ ffi::Error LayerNormBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
     at::Tensor dB = view(partial.data() + (2 * i + 1) * n, {n});
     at::native::LayerNormBackwardKernel(at::kCPU, dY, X, Mean, Rstd, W, rows, n, &dX, &dW, &dB);
   });
+  if (!error.success()) return error;
   for (int64_t j = 0; j < n; ++j) {
     float sw = 0.0f, sb = 0.0f;
     for (int i = 0; i < blocks; ++i) {
@@ -282,7 +300,7 @@ ffi::Error Gelu(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
   const float* px = x.typed_data();
   float* py = y->typed_data();
   int blocks = block_count(pool, total, kMinElements);
-  run_blocks(pool, blocks, [&](int i) {
+  return run_aten_blocks(pool, blocks, "torch_pjrt gelu", [&](int i) {
     auto [lo, hi] = block_range(total, i, blocks);
     int64_t len = hi - lo;
     if (len == 0) return;
@@ -291,7 +309,6 @@ ffi::Error Gelu(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
     at::Tensor Y = view(py + lo, {len});
     at::gelu_out(Y, view(px + lo, {len}), tanh ? "tanh" : "none");
   });
-  return ffi::Error::Success();
 }
 
 ffi::Error GeluBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
@@ -303,7 +320,7 @@ ffi::Error GeluBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
   const float *pg = g.typed_data(), *px = x.typed_data();
   float* pdx = dx->typed_data();
   int blocks = block_count(pool, total, kMinElements);
-  run_blocks(pool, blocks, [&](int i) {
+  return run_aten_blocks(pool, blocks, "torch_pjrt gelu_backward", [&](int i) {
     auto [lo, hi] = block_range(total, i, blocks);
     int64_t len = hi - lo;
     if (len == 0) return;
@@ -313,7 +330,103 @@ ffi::Error GeluBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
     at::gelu_backward_out(dX, view(pg + lo, {len}), view(px + lo, {len}),
                           tanh ? "tanh" : "none");
   });
-  return ffi::Error::Success();
+}
+
+
+// ------------------------------------------------------------------ attention
+// ATen's CPU flash attention (the kernels native CPU eager runs for SDPA) on blocks of
+// the batch, or of the heads when the batch is one. Queries, keys, values, outputs and
+// their gradients are [B, L, H, E] in memory: the layout a transformer's projections
+// produce, so the head transposes around the call cancel in XLA. logsumexp is [B, H, L].
+
+// Blocks of batch entries (or of heads, for a batch of one; not with grouped heads).
+struct AttentionCut {
+  int64_t extent;
+  int dim;  // of the logical [B, H, L, E] tensors
+};
+
+AttentionCut attention_cut(int64_t b, int64_t hq, int64_t hk) {
+  if (b > 1 || hq != hk) return {b, 0};
+  return {hq, 1};
+}
+
+// The [B, H, L, E] logical view of a [B, L, H, E] buffer, entries [lo, hi) of `dim`.
+at::Tensor heads_view(const float* data, int64_t b, int64_t l, int64_t h, int64_t e,
+                      AttentionCut cut, int64_t lo, int64_t hi) {
+  return view(data, {b, l, h, e}).transpose(1, 2).slice(cut.dim, lo, hi);
+}
+
+template <typename Dims>
+bool blhe(Dims d, int64_t& b, int64_t& l, int64_t& h, int64_t& e) {
+  if (d.size() != 4) return false;
+  b = d[0], l = d[1], h = d[2], e = d[3];
+  return true;
+}
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
+                     ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                     ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> out,
+                     ffi::ResultBuffer<ffi::F32> lse, bool causal, double scale) {
+  int64_t b, l, hq, e, bk, s, hk, ek, bv, sv, hv, ev;
+  if (!blhe(q.dimensions(), b, l, hq, e) || !blhe(k.dimensions(), bk, s, hk, ek) ||
+      !blhe(v.dimensions(), bv, sv, hv, ev) || bk != b || bv != b || sv != s || hv != hk ||
+      ek != e || hk == 0 || hq % hk != 0 || out->element_count() != size_t(b * l * hq * ev) ||
+      lse->element_count() != size_t(b * hq * l))
+    return ffi::Error::InvalidArgument("torch_pjrt attention: shapes do not match");
+  if (b * hq * l * s * e == 0)
+    return ffi::Error::InvalidArgument("torch_pjrt attention: empty operands");
+  const float *pq = q.typed_data(), *pk = k.typed_data(), *pv = v.typed_data();
+  float *po = out->typed_data(), *pl = lse->typed_data();
+  AttentionCut cut = attention_cut(b, hq, hk);
+  int blocks = block_count(pool, cut.extent, 1);
+  return run_aten_blocks(pool, blocks, "torch_pjrt attention", [&](int i) {
+    auto [lo, hi] = block_range(cut.extent, i, blocks);
+    if (hi == lo) return;
+    c10::InferenceMode no_autograd;
+    c10::ParallelGuard serial(true);
+    auto [o, m] = at::_scaled_dot_product_flash_attention_for_cpu(
+        heads_view(pq, b, l, hq, e, cut, lo, hi), heads_view(pk, b, s, hk, e, cut, lo, hi),
+        heads_view(pv, b, s, hk, ev, cut, lo, hi), 0.0, causal, std::nullopt, scale);
+    heads_view(po, b, l, hq, ev, cut, lo, hi).copy_(o);
+    view(pl, {b, hq, l}).slice(cut.dim, lo, hi).copy_(m);
+  });
+}
+
+ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
+                             ffi::Buffer<ffi::F32> grad, ffi::Buffer<ffi::F32> q,
+                             ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                             ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
+                             ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
+                             ffi::ResultBuffer<ffi::F32> dv, bool causal, double scale) {
+  int64_t b, l, hq, e, bk, s, hk, ek, bv, sv, hv, ev;
+  if (!blhe(q.dimensions(), b, l, hq, e) || !blhe(k.dimensions(), bk, s, hk, ek) ||
+      !blhe(v.dimensions(), bv, sv, hv, ev) || bk != b || bv != b || sv != s || hv != hk ||
+      ek != e || hk == 0 || hq % hk != 0 || out.element_count() != size_t(b * l * hq * ev) ||
+      grad.element_count() != out.element_count() ||
+      lse.element_count() != size_t(b * hq * l) || dq->element_count() != q.element_count() ||
+      dk->element_count() != k.element_count() || dv->element_count() != v.element_count())
+    return ffi::Error::InvalidArgument("torch_pjrt attention_backward: shapes do not match");
+  if (b * hq * l * s * e == 0)
+    return ffi::Error::InvalidArgument("torch_pjrt attention_backward: empty operands");
+  const float *pg = grad.typed_data(), *pq = q.typed_data(), *pk = k.typed_data();
+  const float *pv = v.typed_data(), *po = out.typed_data(), *pl = lse.typed_data();
+  float *pdq = dq->typed_data(), *pdk = dk->typed_data(), *pdv = dv->typed_data();
+  AttentionCut cut = attention_cut(b, hq, hk);
+  int blocks = block_count(pool, cut.extent, 1);
+  return run_aten_blocks(pool, blocks, "torch_pjrt attention_backward", [&](int i) {
+    auto [lo, hi] = block_range(cut.extent, i, blocks);
+    if (hi == lo) return;
+    c10::InferenceMode no_autograd;
+    c10::ParallelGuard serial(true);
+    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        heads_view(pg, b, l, hq, ev, cut, lo, hi), heads_view(pq, b, l, hq, e, cut, lo, hi),
+        heads_view(pk, b, s, hk, e, cut, lo, hi), heads_view(pv, b, s, hk, ev, cut, lo, hi),
+        heads_view(po, b, l, hq, ev, cut, lo, hi),
+        view(pl, {b, hq, l}).slice(cut.dim, lo, hi), 0.0, causal, std::nullopt, scale);
+    heads_view(pdq, b, l, hq, e, cut, lo, hi).copy_(gq);
+    heads_view(pdk, b, s, hk, e, cut, lo, hi).copy_(gk);
+    heads_view(pdv, b, s, hk, ev, cut, lo, hi).copy_(gv);
+  });
 }
 
 }  // namespace torch_pjrt_cpu
@@ -344,6 +457,35 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_pjrt_cpu_gelu_backward, torch_pjrt_cpu::Gelu
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<bool>("tanh"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_pjrt_cpu_attention, torch_pjrt_cpu::Attention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // cost_hint
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<bool>("causal")
+                                  .Attr<double>("scale"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_pjrt_cpu_attention_backward,
+                              torch_pjrt_cpu::AttentionBackward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // cost_hint
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<bool>("causal")
+                                  .Attr<double>("scale"));
 
 #ifdef TORCH_PJRT_ATEN_STUBS
 XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_pjrt_cpu_layer_norm, torch_pjrt_cpu::LayerNorm,
@@ -379,7 +521,10 @@ std::vector<std::pair<const char*, void*>> torch_pjrt_cpu_kernels() {
   std::vector<std::pair<const char*, void*>> out = {
       {"torch_pjrt_cpu_gemm", reinterpret_cast<void*>(torch_pjrt_cpu_gemm)},
       {"torch_pjrt_cpu_gelu", reinterpret_cast<void*>(torch_pjrt_cpu_gelu)},
-      {"torch_pjrt_cpu_gelu_backward", reinterpret_cast<void*>(torch_pjrt_cpu_gelu_backward)}};
+      {"torch_pjrt_cpu_gelu_backward", reinterpret_cast<void*>(torch_pjrt_cpu_gelu_backward)},
+      {"torch_pjrt_cpu_attention", reinterpret_cast<void*>(torch_pjrt_cpu_attention)},
+      {"torch_pjrt_cpu_attention_backward",
+       reinterpret_cast<void*>(torch_pjrt_cpu_attention_backward)}};
 #ifdef TORCH_PJRT_ATEN_STUBS
   out.push_back({"torch_pjrt_cpu_layer_norm", reinterpret_cast<void*>(torch_pjrt_cpu_layer_norm)});
   out.push_back({"torch_pjrt_cpu_layer_norm_backward",
