@@ -19,10 +19,22 @@ def environment() -> dict:
 
     return {
         "torch": torch.__version__, "jax": jax.__version__, "python": platform.python_version(),
-        "machine": platform.machine(), "cpus": os.cpu_count(),
+        "machine": platform.machine(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
         "pjrt_device": torch.pjrt.get_device_name() if torch.pjrt.is_available() else None,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def _cpu_model() -> str:
+    """The processor's name (the machines these runs land on differ from day to day)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
@@ -57,6 +69,9 @@ def write_report(name: str, data: dict, markdown: str) -> None:
             "ratio is measured side by side in one process; the machine is noisy, so "
             "compare ratios, not absolute times.", ""]
     for key in sorted(sections):
-        body += [f"<!-- bench:{key} -->"] + [line for line in sections[key]] + [""]
+        lines = sections[key]
+        while lines and not lines[-1].strip():  # one blank line between sections
+            lines = lines[:-1]
+        body += [f"<!-- bench:{key} -->"] + lines + [""]
     with open(doc, "w") as f:
         f.write("\n".join(body).rstrip() + "\n")
