@@ -61,6 +61,17 @@ def test_shape_error_raises_at_the_op_and_the_graph_survives():
     torch.testing.assert_close(c.cpu(), a.cpu() * 2 + 1)
 
 
+def test_error_of_a_pruned_op_raises_at_the_flush():
+    # PyTorch's meta kernel lets a bool scalar through; only the lowering (and the CPU
+    # kernel) reject it. The result dies unread, so the graph prunes the op unrun.
+    xs = [torch.ones(3).to("pjrt")]
+    kept = xs[0] * 2
+    torch._foreach_sub(xs, True)
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator"):
+        torch.pjrt.synchronize()
+    torch.testing.assert_close(kept.cpu(), torch.full((3,), 2.0))  # the graph still ran
+
+
 def test_identical_steps_reuse_one_program_and_donate():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),

@@ -69,7 +69,8 @@ class Entry:
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values", "random", "call", "ordered", "alias_return", "products")
+                 "signature", "values", "random", "call", "ordered", "alias_return", "products",
+                 "verified")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -97,6 +98,9 @@ class Entry:
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
         self.checks: list[tuple] | None = None  # (error, message) of device-side checks
+        # The lowering has been traced in this process without raising (fused eager
+        # prunes dead ops unrun: graph._verify traces those it has not seen succeed).
+        self.verified = False
 
     def set_checks(self, checks: list | None) -> None:
         """Device-side checks of a program loaded from disk (tracing would have found them)."""

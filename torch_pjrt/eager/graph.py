@@ -192,6 +192,7 @@ def flush(reason: str = "sync") -> None:
             if type(v) is Lazy:
                 live[v.node.position] = True
     kept = [n for n in nodes if live[n.position]]
+    pruned = [n for n in nodes if not live[n.position] and not n.entry.verified]
     counters.count("graph_ops", len(kept))
     counters.count("graph_ops_pruned", len(nodes) - len(kept))
     renumber = {n.position: i for i, n in enumerate(kept)}
@@ -266,6 +267,24 @@ def flush(reason: str = "sync") -> None:
     for position, f in zip(plan.flag_nodes, flags):
         entry = kept[position].entry
         checks.defer(f, entry.checks, entry.name)
+    for node in kept:
+        node.entry.verified = True
+    _verify(pruned)
+
+
+def _verify(pruned: list[Node]) -> None:
+    """Trace, without running, the pruned ops whose lowering this process has not traced
+    yet: an error only the lowering knows (a dtype PyTorch's CPU kernel rejects but its
+    meta kernel lets through) still raises, here at the flush, as strict mode raises it
+    at the op. Once per op signature and process; the graph itself has already run."""
+    for node in pruned:
+        entry = node.entry
+        if entry.verified:
+            continue
+        args = [jax.ShapeDtypeStruct(v.shape, v.dtype) if type(v) is Lazy else v
+                for v in node.inputs]
+        jax.eval_shape(entry.trace, *args, *node.dyn)
+        entry.verified = True
 
 
 def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
