@@ -37,6 +37,16 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def timer(fn: Callable[[], object], n: int) -> Callable[[], float]:
+    """A measurement for interleaved(): seconds per call of fn, over n calls."""
+    def run() -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - start) / n
+    return run
+
+
 def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
     """Median of `rounds` measurements of each fn, the candidates taking turns each round
     (so a noisy neighbour slows them all alike). Each fn returns its own seconds."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from unittest import mock
 
 import jax
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, interleaved, write_report  # noqa: E402
+from common import environment, interleaved, timer, write_report  # noqa: E402
 
 import torch_pjrt  # noqa: E402,F401
 from torch_pjrt.lowering import families, registry  # noqa: E402,F401 (fills the table)
@@ -86,15 +85,6 @@ def _attention(rng):
     return "causal attention 8 x 4 x 128 x 64", jax_fn, torch_fn, (q, k, v, g)
 
 
-def _timer(fn, n: int):
-    def run() -> float:
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - start) / n
-    return run
-
-
 def _candidates(jax_fn, torch_fn, arrays, n):
     args = [jax.device_put(a, client.device(0)) for a in arrays]
     with mock.patch.object(cpu_kernels, "_has", lambda target: False):
@@ -105,9 +95,9 @@ def _candidates(jax_fn, torch_fn, arrays, n):
     for f in (xla, aten_kernel):
         for got, want in zip(jax.tree.leaves(f(*args)), expected):
             np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=2e-3, atol=2e-3)
-    return {"torch": _timer(lambda: torch_fn(*tensors), n),
-            "xla": _timer(lambda: jax.block_until_ready(xla(*args)), n),
-            "aten kernel": _timer(lambda: jax.block_until_ready(aten_kernel(*args)), n)}
+    return {"torch": timer(lambda: torch_fn(*tensors), n),
+            "xla": timer(lambda: jax.block_until_ready(xla(*args)), n),
+            "aten kernel": timer(lambda: jax.block_until_ready(aten_kernel(*args)), n)}
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -22,7 +21,7 @@ import torch
 from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, interleaved, write_report  # noqa: E402
+from common import environment, interleaved, timer, write_report  # noqa: E402
 
 import torch_pjrt  # noqa: E402,F401
 from torch_pjrt.runtime import client, cpu_kernels  # noqa: E402
@@ -48,15 +47,6 @@ def _products():
     return {"linear layers (15 products)": linear, "attention (6 products)": _ATTENTION}
 
 
-def _timer(fn, n: int):
-    def run() -> float:
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - start) / n
-    return run
-
-
 def _candidates(a, b, ta, tb, n):
     rank = a.ndim
     ca, cb = (rank - 2 if ta else rank - 1,), (rank - 1 if tb else rank - 2,)
@@ -74,9 +64,9 @@ def _candidates(a, b, ta, tb, n):
     expected = torch.matmul(A, B).numpy()
     for f in (xla, gemm):
         np.testing.assert_allclose(np.asarray(f(aj, bj)), expected, rtol=1e-3, atol=1e-3)
-    return {"torch": _timer(lambda: torch.matmul(A, B), n),
-            "xla dot": _timer(lambda: xla(aj, bj).block_until_ready(), n),
-            "pjrt gemm": _timer(lambda: gemm(aj, bj).block_until_ready(), n)}
+    return {"torch": timer(lambda: torch.matmul(A, B), n),
+            "xla dot": timer(lambda: xla(aj, bj).block_until_ready(), n),
+            "pjrt gemm": timer(lambda: gemm(aj, bj).block_until_ready(), n)}
 
 
 def main() -> None:

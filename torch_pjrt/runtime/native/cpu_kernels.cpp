@@ -339,56 +339,64 @@ ffi::Error GeluBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
 // their gradients are [B, L, H, E] in memory: the layout a transformer's projections
 // produce, so the head transposes around the call cancel in XLA. logsumexp is [B, H, L].
 
-// Blocks of batch entries (or of heads, for a batch of one; not with grouped heads).
-struct AttentionCut {
-  int64_t extent;
-  int dim;  // of the logical [B, H, L, E] tensors
+// The sizes of one attention call: q [B, L, Hq, E], k [B, S, Hk, E], v [B, S, Hk, Ev]
+// in memory, Hk dividing Hq; and how its work is cut into blocks: of batch entries, or
+// of heads for a batch of one (not with grouped heads).
+struct AttentionShape {
+  int64_t b = 0, l = 0, hq = 0, e = 0, s = 0, hk = 0, ev = 0;
+  int64_t extent = 0;  // units the blocks cut
+  int dim = 0;         // of the logical [B, H, L, E] tensors that the blocks cut
+
+  // Parses q, k, v; false when they do not fit together.
+  template <typename Dims>
+  bool parse(Dims q, Dims k, Dims v) {
+    if (q.size() != 4 || k.size() != 4 || v.size() != 4) return false;
+    b = q[0], l = q[1], hq = q[2], e = q[3];
+    s = k[1], hk = k[2], ev = v[3];
+    if (k[0] != b || v[0] != b || v[1] != s || v[2] != hk || k[3] != e || hk == 0 ||
+        hq % hk != 0)
+      return false;
+    bool heads = b == 1 && hq == hk;
+    extent = heads ? hq : b;
+    dim = heads ? 1 : 0;
+    return true;
+  }
+  size_t out_elements() const { return size_t(b * l * hq * ev); }
+  size_t lse_elements() const { return size_t(b * hq * l); }
+  bool empty() const { return b * hq * l * s * e == 0; }
+
+  // The [B, H, rows, width] logical view of a [B, rows, H, width] buffer, block [lo, hi).
+  at::Tensor heads(const float* data, int64_t rows, int64_t h, int64_t width, int64_t lo,
+                   int64_t hi) const {
+    return view(data, {b, rows, h, width}).transpose(1, 2).slice(dim, lo, hi);
+  }
+  at::Tensor lse(const float* data, int64_t lo, int64_t hi) const {
+    return view(data, {b, hq, l}).slice(dim, lo, hi);
+  }
 };
-
-AttentionCut attention_cut(int64_t b, int64_t hq, int64_t hk) {
-  if (b > 1 || hq != hk) return {b, 0};
-  return {hq, 1};
-}
-
-// The [B, H, L, E] logical view of a [B, L, H, E] buffer, entries [lo, hi) of `dim`.
-at::Tensor heads_view(const float* data, int64_t b, int64_t l, int64_t h, int64_t e,
-                      AttentionCut cut, int64_t lo, int64_t hi) {
-  return view(data, {b, l, h, e}).transpose(1, 2).slice(cut.dim, lo, hi);
-}
-
-template <typename Dims>
-bool blhe(Dims d, int64_t& b, int64_t& l, int64_t& h, int64_t& e) {
-  if (d.size() != 4) return false;
-  b = d[0], l = d[1], h = d[2], e = d[3];
-  return true;
-}
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
                      ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                      ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> out,
                      ffi::ResultBuffer<ffi::F32> lse, bool causal, double scale) {
-  int64_t b, l, hq, e, bk, s, hk, ek, bv, sv, hv, ev;
-  if (!blhe(q.dimensions(), b, l, hq, e) || !blhe(k.dimensions(), bk, s, hk, ek) ||
-      !blhe(v.dimensions(), bv, sv, hv, ev) || bk != b || bv != b || sv != s || hv != hk ||
-      ek != e || hk == 0 || hq % hk != 0 || out->element_count() != size_t(b * l * hq * ev) ||
-      lse->element_count() != size_t(b * hq * l))
+  AttentionShape a;
+  if (!a.parse(q.dimensions(), k.dimensions(), v.dimensions()) ||
+      out->element_count() != a.out_elements() || lse->element_count() != a.lse_elements())
     return ffi::Error::InvalidArgument("torch_pjrt attention: shapes do not match");
-  if (b * hq * l * s * e == 0)
-    return ffi::Error::InvalidArgument("torch_pjrt attention: empty operands");
+  if (a.empty()) return ffi::Error::InvalidArgument("torch_pjrt attention: empty operands");
   const float *pq = q.typed_data(), *pk = k.typed_data(), *pv = v.typed_data();
   float *po = out->typed_data(), *pl = lse->typed_data();
-  AttentionCut cut = attention_cut(b, hq, hk);
-  int blocks = block_count(pool, cut.extent, 1);
+  int blocks = block_count(pool, a.extent, 1);
   return run_aten_blocks(pool, blocks, "torch_pjrt attention", [&](int i) {
-    auto [lo, hi] = block_range(cut.extent, i, blocks);
+    auto [lo, hi] = block_range(a.extent, i, blocks);
     if (hi == lo) return;
     c10::InferenceMode no_autograd;
     c10::ParallelGuard serial(true);
     auto [o, m] = at::_scaled_dot_product_flash_attention_for_cpu(
-        heads_view(pq, b, l, hq, e, cut, lo, hi), heads_view(pk, b, s, hk, e, cut, lo, hi),
-        heads_view(pv, b, s, hk, ev, cut, lo, hi), 0.0, causal, std::nullopt, scale);
-    heads_view(po, b, l, hq, ev, cut, lo, hi).copy_(o);
-    view(pl, {b, hq, l}).slice(cut.dim, lo, hi).copy_(m);
+        a.heads(pq, a.l, a.hq, a.e, lo, hi), a.heads(pk, a.s, a.hk, a.e, lo, hi),
+        a.heads(pv, a.s, a.hk, a.ev, lo, hi), 0.0, causal, std::nullopt, scale);
+    a.heads(po, a.l, a.hq, a.ev, lo, hi).copy_(o);
+    a.lse(pl, lo, hi).copy_(m);
   });
 }
 
@@ -398,34 +406,31 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
                              ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
                              ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
                              ffi::ResultBuffer<ffi::F32> dv, bool causal, double scale) {
-  int64_t b, l, hq, e, bk, s, hk, ek, bv, sv, hv, ev;
-  if (!blhe(q.dimensions(), b, l, hq, e) || !blhe(k.dimensions(), bk, s, hk, ek) ||
-      !blhe(v.dimensions(), bv, sv, hv, ev) || bk != b || bv != b || sv != s || hv != hk ||
-      ek != e || hk == 0 || hq % hk != 0 || out.element_count() != size_t(b * l * hq * ev) ||
-      grad.element_count() != out.element_count() ||
-      lse.element_count() != size_t(b * hq * l) || dq->element_count() != q.element_count() ||
+  AttentionShape a;
+  if (!a.parse(q.dimensions(), k.dimensions(), v.dimensions()) ||
+      out.element_count() != a.out_elements() || grad.element_count() != a.out_elements() ||
+      lse.element_count() != a.lse_elements() || dq->element_count() != q.element_count() ||
       dk->element_count() != k.element_count() || dv->element_count() != v.element_count())
     return ffi::Error::InvalidArgument("torch_pjrt attention_backward: shapes do not match");
-  if (b * hq * l * s * e == 0)
+  if (a.empty())
     return ffi::Error::InvalidArgument("torch_pjrt attention_backward: empty operands");
   const float *pg = grad.typed_data(), *pq = q.typed_data(), *pk = k.typed_data();
   const float *pv = v.typed_data(), *po = out.typed_data(), *pl = lse.typed_data();
   float *pdq = dq->typed_data(), *pdk = dk->typed_data(), *pdv = dv->typed_data();
-  AttentionCut cut = attention_cut(b, hq, hk);
-  int blocks = block_count(pool, cut.extent, 1);
+  int blocks = block_count(pool, a.extent, 1);
   return run_aten_blocks(pool, blocks, "torch_pjrt attention_backward", [&](int i) {
-    auto [lo, hi] = block_range(cut.extent, i, blocks);
+    auto [lo, hi] = block_range(a.extent, i, blocks);
     if (hi == lo) return;
     c10::InferenceMode no_autograd;
     c10::ParallelGuard serial(true);
     auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        heads_view(pg, b, l, hq, ev, cut, lo, hi), heads_view(pq, b, l, hq, e, cut, lo, hi),
-        heads_view(pk, b, s, hk, e, cut, lo, hi), heads_view(pv, b, s, hk, ev, cut, lo, hi),
-        heads_view(po, b, l, hq, ev, cut, lo, hi),
-        view(pl, {b, hq, l}).slice(cut.dim, lo, hi), 0.0, causal, std::nullopt, scale);
-    heads_view(pdq, b, l, hq, e, cut, lo, hi).copy_(gq);
-    heads_view(pdk, b, s, hk, e, cut, lo, hi).copy_(gk);
-    heads_view(pdv, b, s, hk, ev, cut, lo, hi).copy_(gv);
+        a.heads(pg, a.l, a.hq, a.ev, lo, hi), a.heads(pq, a.l, a.hq, a.e, lo, hi),
+        a.heads(pk, a.s, a.hk, a.e, lo, hi), a.heads(pv, a.s, a.hk, a.ev, lo, hi),
+        a.heads(po, a.l, a.hq, a.ev, lo, hi), a.lse(pl, lo, hi), 0.0, causal, std::nullopt,
+        scale);
+    a.heads(pdq, a.l, a.hq, a.e, lo, hi).copy_(gq);
+    a.heads(pdk, a.s, a.hk, a.e, lo, hi).copy_(gk);
+    a.heads(pdv, a.s, a.hk, a.ev, lo, hi).copy_(gv);
   });
 }
 
