@@ -16,7 +16,7 @@ class EnvVar:
 VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_PLATFORM", "", "PJRT platform to run on (cpu, cuda, rocm, tpu, neuron); "
            "empty: the platform JAX picks."),
-    EnvVar("TORCH_PJRT_EAGER_MODE", "strict", "Eager execution mode: strict, fused or debug."),
+    EnvVar("TORCH_PJRT_EAGER_MODE", "fused", "Eager execution mode: fused, strict or debug."),
     EnvVar("TORCH_PJRT_CPU_FALLBACK", "1", "1: ops without a lowering run on the CPU (counted, "
            "warned once); 0: they raise RuntimeError."),
     EnvVar("TORCH_PJRT_CACHE_DIR", "", "Directory for the native shim build and the persistent "

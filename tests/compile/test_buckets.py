@@ -124,7 +124,8 @@ def test_buckets_off_compiles_per_shape(monkeypatch):
             torch.testing.assert_close(fn(_dynamic(x, 0)).cpu(), model(x), atol=1e-5,
                                        rtol=1e-5)
     assert _programs() == 0
-    assert torch_pjrt.metrics()["recompiles"] == 2  # three shapes, three programs
+    # three shapes, three programs (eager code between the calls may recompile too)
+    assert torch_pjrt.metrics()["recompiles.compiled"] == 2
 
 
 def test_bad_setting_is_refused(monkeypatch):

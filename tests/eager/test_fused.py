@@ -61,15 +61,21 @@ def test_shape_error_raises_at_the_op_and_the_graph_survives():
     torch.testing.assert_close(c.cpu(), a.cpu() * 2 + 1)
 
 
-def test_error_of_a_pruned_op_raises_at_the_flush():
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_error_only_the_lowering_knows_raises_at_the_op(mode):
     # PyTorch's meta kernel lets a bool scalar through; only the lowering (and the CPU
-    # kernel) reject it. The result dies unread, so the graph prunes the op unrun.
-    xs = [torch.ones(3).to("pjrt")]
-    kept = xs[0] * 2
-    torch._foreach_sub(xs, True)
-    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator"):
-        torch.pjrt.synchronize()
-    torch.testing.assert_close(kept.cpu(), torch.full((3,), 2.0))  # the graph still ran
+    # kernel) reject it. Fused mode traces a new signature where it is recorded, so the
+    # error is the op's, as in strict mode, and the pending graph is left whole.
+    with torch_pjrt.set_eager_mode(mode):
+        xs = [torch.ones(3).to("pjrt")]
+        kept = xs[0] * 2
+        for _ in range(2):  # a failed signature is not cached: the second call raises too
+            with pytest.raises(RuntimeError, match="Subtraction, the `-` operator"):
+                torch._foreach_sub(xs, True)
+        if mode == "fused":
+            assert torch_pjrt.eager.graph.pending_ops() == 1  # kept's op, still pending
+        torch.testing.assert_close(kept.cpu(), torch.full((3,), 2.0))
+        torch.testing.assert_close(xs[0].cpu(), torch.ones(3))  # not written
 
 
 def test_identical_steps_reuse_one_program_and_donate():

@@ -580,7 +580,8 @@ class CompiledGraph:
         if self.bucketing is not None:
             return self._call_bucketed(args, sizes)
         if self.symbolic:
-            recompiles.note(self.op, _signature(args), f"compiled graph {self.op}")
+            recompiles.note(self.op, _signature(args), f"compiled graph {self.op}",
+                            "compiled")
         g = self.groups
         outs = iter(self.op([args[i] for i in g["mutated"]], [args[i] for i in g["tensors"]],
                             [args[i] for i in g["ints"]], [args[i] for i in g["scalars"]]))
@@ -614,7 +615,8 @@ class CompiledGraph:
         ints = [passed[i] for i in g["ints"]] + [padded[s] for s in plan.symbols] + modes
         scalars = [args[i] for i in g["scalars"]] + [sizes[s] for s in plan.symbols] + extra
         recompiles.note(self.op, _signature([passed[i] for i in g["tensors"]] + ints),
-                        f"compiled graph {self.op} (sizes padded to buckets)", unit="argument",
+                        f"compiled graph {self.op} (sizes padded to buckets)", "compiled",
+                        unit="argument",
                         advice="Each new bucket compiles a new program: fewer buckets "
                         "(TORCH_PJRT_BUCKETS=1 or 2) compile less.")
         misses = counters.value("cache_misses")

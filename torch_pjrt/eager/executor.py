@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax.extend.core import jaxpr_as_fun
 
 from .. import counters
 from ..lowering import apply, checks
@@ -70,7 +71,7 @@ class Entry:
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
                  "signature", "values", "random", "call", "ordered", "alias_return", "products",
-                 "verified")
+                 "jaxpr")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -98,9 +99,9 @@ class Entry:
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
         self.checks: list[tuple] | None = None  # (error, message) of device-side checks
-        # The lowering has been traced in this process without raising (fused eager
-        # prunes dead ops unrun: graph._verify traces those it has not seen succeed).
-        self.verified = False
+        # What fused graphs evaluate: the traced lowering as a function of its flat
+        # inputs (set where fused mode first records the signature; else they trace).
+        self.jaxpr = None
 
     def set_checks(self, checks: list | None) -> None:
         """Device-side checks of a program loaded from disk (tracing would have found them)."""
@@ -279,19 +280,44 @@ def _execute(spec: OpSpec, args: tuple, kwargs: dict, fast_key: tuple | None):
 
 
 def _execute_miss(call: _Call, key: tuple, fast_key: tuple | None = None):
+    """A new signature: compiled; cached once it has traced (an op whose lowering fails
+    stays uncached, so that every call of it raises, in every mode)."""
     counters.count("cache_misses")
-    entry = _cache[key] = _compile(call, key[0])
+    entry = _compile(call, key[0])
     if entry.resize is not None:
+        _cache[key] = entry
         return _resize_and_run(call, entry)
+    if modes.fused:  # compiled as part of its graph; traced now, so that errors raise here
+        _trace_now(call, entry)
+    else:
+        counters.count("compiles")
+        start = time.perf_counter()
+        try:
+            out = _launch(call, entry)
+        finally:
+            counters.add_compile_time(time.perf_counter() - start)
+    _cache[key] = entry
     if fast_key is not None and not entry.random:
         _cache[fast_key] = entry
-    if modes.fused:  # the op is compiled as part of its graph
-        return _launch(call, entry)
-    counters.count("compiles")
-    start = time.perf_counter()
-    out = _launch(call, entry)
-    counters.add_compile_time(time.perf_counter() - start)
-    return out
+    return _launch(call, entry) if modes.fused else out
+
+
+def _trace_now(call: _Call, entry: Entry) -> None:
+    """Fused mode: the lowering traced at the op (its errors are the op's, as in strict
+    mode) into the jaxpr its graphs evaluate, instead of tracing it in every graph."""
+    args = [_aval(call.recs[i].value) for i in entry.order]
+    dyn = list(call.dyn) + ([np.uint64(0), np.uint64(0)] if entry.random else [])
+    try:
+        entry.jaxpr = jaxpr_as_fun(jax.make_jaxpr(entry.trace)(*args, *dyn))
+    except Exception as e:  # noqa: BLE001 - the lowering's errors become PyTorch's
+        raise _runtime_error(call.spec, e) from e
+
+
+def _aval(value):
+    """A storage's value as make_jaxpr takes it: a pending one by its shape and dtype."""
+    if type(value) is graph.Lazy:
+        return jax.ShapeDtypeStruct(value.shape, value.dtype)
+    return value
 
 
 def _resize_and_run(call: _Call, entry: Entry):
@@ -640,6 +666,10 @@ class _Launcher:
             args = [r.value for r in recs]
         else:
             args = [recs[i].value for i in self.order]
+        return self.launch(args, dyn)
+
+    def launch(self, args: list, dyn: list):
+        """The program on the buffers already in its argument order (Entry.order)."""
         if self.compiled is None:
             entry = self.entry
             self.compiled = compile_cache.compile(

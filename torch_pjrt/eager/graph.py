@@ -192,9 +192,10 @@ def flush(reason: str = "sync") -> None:
             if type(v) is Lazy:
                 live[v.node.position] = True
     kept = [n for n in nodes if live[n.position]]
-    pruned = [n for n in nodes if not live[n.position] and not n.entry.verified]
     counters.count("graph_ops", len(kept))
     counters.count("graph_ops_pruned", len(nodes) - len(kept))
+    if len(kept) == 1 and _run_alone(kept[0], records, superseded):
+        return
     renumber = {n.position: i for i, n in enumerate(kept)}
 
     # Wiring: concrete inputs become placeholders, lazy inputs point at producers.
@@ -245,7 +246,8 @@ def flush(reason: str = "sync") -> None:
         # The same sequence of ops with different inputs: a recompile worth telling.
         names = [e.name for e, _, _ in wiring]
         label = f"a fused graph of {len(names)} ops ({', '.join(names[:3])}, ...)"
-        recompiles.note(tuple(names), tuple(e.signature for e, _, _ in wiring), label, "op")
+        recompiles.note(tuple(names), tuple(e.signature for e, _, _ in wiring), label,
+                        "fused", "op")
         plan = _plans[key] = _build(wiring, outputs, len(inputs), donated, device, key[-1])
     else:
         counters.count("graph_cache_hits")
@@ -267,24 +269,37 @@ def flush(reason: str = "sync") -> None:
     for position, f in zip(plan.flag_nodes, flags):
         entry = kept[position].entry
         checks.defer(f, entry.checks, entry.name)
-    for node in kept:
-        node.entry.verified = True
-    _verify(pruned)
 
 
-def _verify(pruned: list[Node]) -> None:
-    """Trace, without running, the pruned ops whose lowering this process has not traced
-    yet: an error only the lowering knows (a dtype PyTorch's CPU kernel rejects but its
-    meta kernel lets through) still raises, here at the flush, as strict mode raises it
-    at the op. Once per op signature and process; the graph itself has already run."""
-    for node in pruned:
-        entry = node.entry
-        if entry.verified:
-            continue
-        args = [jax.ShapeDtypeStruct(v.shape, v.dtype) if type(v) is Lazy else v
-                for v in node.inputs]
-        jax.eval_shape(entry.trace, *args, *node.dyn)
-        entry.verified = True
+def _run_alone(node: Node, records: list, superseded: dict) -> bool:
+    """A graph of one op runs that op's own program (the one strict mode launches, shared
+    with it in memory and on disk) instead of compiling a graph for it: code that reads a
+    value after every op compiles once per op signature, as in strict mode. False (and
+    nothing run) where the op's program would donate a buffer the graph would not."""
+    entry = node.entry
+    inputs = node.inputs
+    if entry.fn is None or any(id(inputs[i]) not in superseded
+                               for i in range(len(entry.donate))):
+        return False
+    from .executor import _device_scalar
+
+    counters.count("graph_single_ops")
+    launcher = entry.fn
+    miss = launcher.compiled is None
+    start = time.perf_counter() if miss else 0.0
+    try:
+        results = launcher.launch(inputs, [_device_scalar(v, entry.device) for v in node.dyn])
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"pjrt: a fused graph of 1 op failed on the device (op: "
+                           f"{entry.name}): {e}") from e
+    if miss:
+        counters.count("compiles")
+        counters.add_compile_time(time.perf_counter() - start)
+    for rec in records:
+        rec.value = results[rec.value.index]
+    if entry.checks is not None:
+        checks.defer(results[-1], entry.checks, entry.name)
+    return True
 
 
 def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
@@ -306,7 +321,10 @@ def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
         for position, (entry, refs, n_dyn) in enumerate(wiring):
             args = [None if r is None else
                     placed[r] if type(r) is int else produced[r[0]][r[1]] for r in refs]
-            res = entry.trace(*args, *dyn[d:d + n_dyn])
+            if entry.jaxpr is None:  # an op first seen in strict mode
+                res = entry.trace(*args, *dyn[d:d + n_dyn])
+            else:
+                res = entry.jaxpr(*[a for a in args if a is not None], *dyn[d:d + n_dyn])
             d += n_dyn
             if entry.checks:
                 flags.append(res[-1])

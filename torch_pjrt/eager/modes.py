@@ -62,4 +62,4 @@ _explicit = False  # set_eager_mode was called: the environment no longer decide
 
 def init_from_env() -> None:
     if not _explicit:
-        _apply(_env.get("TORCH_PJRT_EAGER_MODE").strip().lower() or "strict")
+        _apply(_env.get("TORCH_PJRT_EAGER_MODE").strip().lower() or "fused")

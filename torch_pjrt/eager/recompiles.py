@@ -25,11 +25,12 @@ def describe(old: tuple, new: tuple, unit: str = "input") -> str:
     return "; ".join(diffs[:3]) or "static arguments"
 
 
-def note(code, signature: tuple, name: str, unit: str = "input", advice: str | None = None
-         ) -> None:
+def note(code, signature: tuple, name: str, kind: str, unit: str = "input",
+         advice: str | None = None) -> None:
     """Record that the program for `code` (anything hashable naming it) runs with
     `signature`; warn once past LIMIT of them, calling it `name` (and `advice`, if given,
-    replacing the default advice)."""
+    replacing the default advice). `kind` ("fused" graph or "compiled" graph) splits the
+    `recompiles` counter: `recompiles.fused`, `recompiles.compiled`."""
     seen = _seen.setdefault(code, {})
     if signature in seen:
         return
@@ -37,6 +38,7 @@ def note(code, signature: tuple, name: str, unit: str = "input", advice: str | N
     seen[signature] = None
     if len(seen) > 1:
         counters.count("recompiles")
+        counters.count(f"recompiles.{kind}")
     if len(seen) > LIMIT and code not in _warned:
         _warned.add(code)
         warnings.warn(

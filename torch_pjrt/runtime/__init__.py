@@ -78,6 +78,7 @@ def ensure_initialized() -> None:
         if _initialized:
             return
         register()
+        from .. import optim_step
         from ..eager import dispatch, executor, graph, modes
         from ..storage import table
         from . import client
@@ -85,6 +86,7 @@ def ensure_initialized() -> None:
         client.devices()
         table.install(_native, graph.flush)
         graph.configure()
+        optim_step.install()
         modes.init_from_env()
         _native.set_free_callback(table.free)
         executor.install(_native, DEVICE_TYPE)
