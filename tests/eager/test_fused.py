@@ -78,6 +78,29 @@ def test_error_only_the_lowering_knows_raises_at_the_op(mode):
         torch.testing.assert_close(xs[0].cpu(), torch.ones(3))  # not written
 
 
+def test_a_failed_graph_leaves_its_tensors_without_value_and_the_rest_working(monkeypatch):
+    from torch_pjrt.runtime import compile_cache
+
+    x = torch.arange(6.0).to("pjrt")
+    with torch_pjrt.set_eager_mode("fused"):
+        y = (x * 2).sin() + 1  # a graph of three ops: compiled at the read
+        real = compile_cache.compile
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("simulated XLA failure")
+
+        monkeypatch.setattr(compile_cache, "compile", failing)
+        with pytest.raises(RuntimeError, match="simulated XLA failure"):
+            y.cpu()
+        monkeypatch.setattr(compile_cache, "compile", real)
+        for use in (lambda: y.cpu(), lambda: (y + 1).cpu()):  # no stale value, no crash
+            with pytest.raises(RuntimeError, match="has no value.*simulated XLA failure"):
+                use()
+        z = (x * 3).cos() - 1  # the backend itself still works
+        torch.testing.assert_close(z.cpu(), (torch.arange(6.0) * 3).cos() - 1)
+        assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 def test_identical_steps_reuse_one_program_and_donate():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),

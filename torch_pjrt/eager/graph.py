@@ -42,6 +42,24 @@ class Lazy:
         self.dtype = dtype
 
 
+class Lost:
+    """What a storage holds once the fused graph computing its value failed: the value
+    never existed, so reading it, or running an op on it, raises that graph's error."""
+
+    __slots__ = ("error",)
+    pending = True  # StorageRecord.get() flushes, finds it still not computed, and raises
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def fail(self):
+        raise RuntimeError(f"pjrt: this tensor has no value: the fused graph that computes it "
+                           f"failed ({self.error})") from self.error
+
+    def __repr__(self) -> str:
+        return f"<no value: its fused graph failed ({self.error})>"
+
+
 class Node:
     """One recorded op: its compiled entry, its inputs (arrays, Lazy or None), its scalars."""
 
@@ -179,7 +197,17 @@ def flush(reason: str = "sync") -> None:
     _device = None
     counters.count("flushes")
     counters.count(f"flushes.{reason}")
+    try:
+        _run_graph(nodes, records, superseded, device)
+    except Exception as e:
+        for rec in records:  # a later read raises this error instead of finding a stale Lazy
+            if type(rec.value) is Lazy:
+                rec.value = Lost(e)
+        raise
 
+
+def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) -> None:
+    """flush(), once the pending state is taken: prune, key, compile or reuse, run."""
     # Keep only the ops whose results are still needed (or that check data).
     live = [False] * len(nodes)
     for rec in records:
@@ -212,6 +240,8 @@ def flush(reason: str = "sync") -> None:
             elif type(v) is Lazy:
                 refs.append((renumber[v.node.position], v.index))
             else:
+                if type(v) is Lost:
+                    v.fail()
                 slot = in_slots.get(id(v))
                 if slot is None:
                     slot = in_slots[id(v)] = len(inputs)
@@ -278,6 +308,9 @@ def _run_alone(node: Node, records: list, superseded: dict) -> bool:
     nothing run) where the op's program would donate a buffer the graph would not."""
     entry = node.entry
     inputs = node.inputs
+    for v in inputs:
+        if type(v) is Lost:
+            v.fail()
     if entry.fn is None or any(id(inputs[i]) not in superseded
                                for i in range(len(entry.donate))):
         return False
@@ -324,7 +357,8 @@ def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
             if entry.jaxpr is None:  # an op first seen in strict mode
                 res = entry.trace(*args, *dyn[d:d + n_dyn])
             else:
-                res = entry.jaxpr(*[a for a in args if a is not None], *dyn[d:d + n_dyn])
+                # flat inputs as make_jaxpr saw them (None, here or in dyn, is no input)
+                res = entry.jaxpr(*jax.tree.leaves((args, dyn[d:d + n_dyn])))
             d += n_dyn
             if entry.checks:
                 flags.append(res[-1])

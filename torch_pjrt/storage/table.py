@@ -38,6 +38,8 @@ class StorageRecord:
         """The buffer: computed (flushing a pending fused graph) or zeros if uninitialized."""
         if getattr(self.value, "pending", False):
             flush_pending("data read")
+            if getattr(self.value, "pending", False):  # graph.Lost: its graph failed
+                self.value.fail()
         if self.value is None:
             self.value = _zeros(self.numel, self.dtype, self.device)
         return self.value
