@@ -161,6 +161,21 @@ def test_recompile_warning_names_the_input_that_changed(monkeypatch):
             fn(torch.randn(n, device="pjrt"))
 
 
+def test_compiled_graphs_run_as_their_own_programs_in_fused_mode():
+    """The eager code around a compiled graph fuses; the graph, already one XLA program,
+    is not recorded into that code's graph (which would compile it again inside every
+    different graph around it)."""
+    fn = torch.compile(lambda x: (x.sin() * 2).sum(), backend="pjrt")
+    x = torch.randn(16)
+    with torch_pjrt.set_eager_mode("fused"):
+        d = x.to("pjrt") + 1  # pending
+        y = fn(d)  # runs that pending op, then the compiled program
+        assert torch_pjrt.eager.graph.pending_ops() == 0
+        z = y * 3 - 1
+        assert torch_pjrt.eager.graph.pending_ops() == 2
+        torch.testing.assert_close(z.cpu(), ((x + 1).sin() * 2).sum() * 3 - 1)
+
+
 def test_whole_training_step_compiled():
     torch.manual_seed(0)
     model = _mlp()

@@ -71,7 +71,7 @@ class Entry:
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
                  "signature", "values", "random", "call", "ordered", "alias_return", "products",
-                 "jaxpr")
+                 "jaxpr", "alone")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -102,6 +102,9 @@ class Entry:
         # What fused graphs evaluate: the traced lowering as a function of its flat
         # inputs (set where fused mode first records the signature; else they trace).
         self.jaxpr = None
+        # Runs as its own program in fused mode too: a torch.compile graph, already one
+        # XLA program, cached and loaded apart from the eager code around it.
+        self.alone = False
 
     def set_checks(self, checks: list | None) -> None:
         """Device-side checks of a program loaded from disk (tracing would have found them)."""
@@ -244,7 +247,7 @@ def kernel(spec: OpSpec, /, *args, **kwargs):
     if entry is None:
         return _execute(spec, args, kwargs, hit[1])
     _counts["cache_hits"] += 1
-    if modes.fused:
+    if modes.fused and not entry.alone:
         if not entry.single:
             return _run_fused(spec, entry, hit, args)
         out = _record_single(entry, hit[1], hit[2], hit[3], hit[4] if entry.ordered else None)
@@ -287,7 +290,8 @@ def _execute_miss(call: _Call, key: tuple, fast_key: tuple | None = None):
     if entry.resize is not None:
         _cache[key] = entry
         return _resize_and_run(call, entry)
-    if modes.fused:  # compiled as part of its graph; traced now, so that errors raise here
+    fused = modes.fused and not entry.alone
+    if fused:  # compiled as part of its graph; traced now, so that errors raise here
         _trace_now(call, entry)
     else:
         counters.count("compiles")
@@ -299,7 +303,7 @@ def _execute_miss(call: _Call, key: tuple, fast_key: tuple | None = None):
     _cache[key] = entry
     if fast_key is not None and not entry.random:
         _cache[fast_key] = entry
-    return _launch(call, entry) if modes.fused else out
+    return _launch(call, entry) if fused else out
 
 
 def _trace_now(call: _Call, entry: Entry) -> None:
@@ -377,7 +381,8 @@ def _run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
          call: _Call | None = None):
     """Launch (or, fused, record) a compiled op on the call's storages and run-time values;
     its fresh outputs become new tensors and written storages get their new buffers."""
-    if modes.fused:
+    fused = modes.fused and not entry.alone
+    if fused:
         results = graph.record(entry, recs, dyn, device)
     else:
         if graph.pending:
@@ -396,11 +401,11 @@ def _run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
     if entry.single:
         shape, stride, dtype, jdtype, nbytes = entry.outs[0]
         out = new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
-        if modes.fused and graph.flush_reason() is not None:
+        if fused and graph.flush_reason() is not None:
             graph.flush(graph.flush_reason())
         return out
     out = _outputs(spec, entry, recs, device, values, results)
-    if modes.fused:
+    if fused:
         reason = graph.flush_reason()
         if reason is not None:
             graph.flush(reason)
@@ -634,6 +639,7 @@ def _compile(call: _Call, key: tuple) -> Entry:
     entry.n_results = len(entry.result_avals)
     entry.name = str(spec.op)
     entry.random = spec.lowering.random
+    entry.alone = not spec.lowering.eager
     entry.signature = _signature_text(spec, key)
     return entry
 

@@ -12,6 +12,8 @@ def synchronize(device: int | None = None) -> None:
 
     graph.flush("synchronize")
     for rec in table.live_records():
-        if rec.value is not None and (device is None or rec.device == device):
-            rec.value.block_until_ready()
+        value = rec.value  # (a graph.Lost, of a graph that failed, has nothing to wait for)
+        if value is not None and not getattr(value, "pending", False) and \
+                (device is None or rec.device == device):
+            value.block_until_ready()
     checks.raise_pending()
