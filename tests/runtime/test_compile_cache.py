@@ -126,3 +126,34 @@ def test_programs_with_lapack_calls_run_from_disk(tmp_path):
                              text=True, timeout=300)
         assert out.returncode == 0, f"{run}: rc {out.returncode}: {out.stderr[-2000:]}"
     assert _counts(out.stdout)["hits"] > 0
+
+
+TRACES = """
+import jax, torch, torch_pjrt
+calls = [0]
+make_jaxpr = jax.make_jaxpr
+def counting(*a, **k):
+    calls[0] += 1
+    return make_jaxpr(*a, **k)
+jax.make_jaxpr = counting
+torch_pjrt.set_eager_mode("fused")
+x = torch.arange(12.0).reshape(3, 4).to("pjrt")
+y = ((x * 2 + 1).softmax(-1) - x.sum()).cpu()
+print("traces", calls[0])
+"""
+
+
+def test_fused_eager_traces_each_signature_once_across_processes(tmp_path):
+    """Fused eager traces a new op signature where it is recorded (its errors are the
+    op's); a warm process knows from the cache which ones traced cleanly and skips them."""
+    env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path)}
+    counts = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", TRACES], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        counts.append(_counts(out.stdout)["traces"])
+    assert counts[0] >= 4 and counts[1] == 0, counts
+    subprocess.run([sys.executable, "-m", "torch_pjrt", "cache", "clear"], env=env,
+                   capture_output=True, timeout=120, check=True)
+    assert not (tmp_path / "xla" / "traced").exists()

@@ -308,13 +308,18 @@ def _execute_miss(call: _Call, key: tuple, fast_key: tuple | None = None):
 
 def _trace_now(call: _Call, entry: Entry) -> None:
     """Fused mode: the lowering traced at the op (its errors are the op's, as in strict
-    mode) into the jaxpr its graphs evaluate, instead of tracing it in every graph."""
+    mode) into the jaxpr its graphs evaluate, instead of tracing it in every graph. Not
+    for a signature that has traced before (also in an earlier process): a warm start
+    loads its graphs from disk and traces nothing."""
+    if compile_cache.traced_before(entry.digest):
+        return
     args = [_aval(call.recs[i].value) for i in entry.order]
     dyn = list(call.dyn) + ([np.uint64(0), np.uint64(0)] if entry.random else [])
     try:
         entry.jaxpr = jaxpr_as_fun(jax.make_jaxpr(entry.trace)(*args, *dyn))
     except Exception as e:  # noqa: BLE001 - the lowering's errors become PyTorch's
         raise _runtime_error(call.spec, e) from e
+    compile_cache.note_traced(entry.digest)
 
 
 def _aval(value):

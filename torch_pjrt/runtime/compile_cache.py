@@ -209,6 +209,49 @@ def _entry_point(compiled):
     return call
 
 
+# ------------------------------------------------------------------ traced signatures
+_TRACED_FILE = "traced"  # under directory(): one digest per line, appended
+_TRACED_MAX_BYTES = 8 << 20  # past this the file starts over (only re-tracing is lost)
+_traced: set[str] | None = None
+
+
+def traced_before(name: str) -> bool:
+    """Whether the op program `name` has been traced without error, in this process or
+    (with the disk cache on) in an earlier one with the same sources and versions: fused
+    eager then need not trace it again where the op is recorded."""
+    global _traced
+    if _traced is None:
+        _traced = set()
+        if enabled():
+            try:
+                with open(os.path.join(directory(), _TRACED_FILE)) as f:
+                    _traced.update(f.read().split())
+            except OSError:
+                pass
+    return name in _traced
+
+
+def note_traced(name: str) -> None:
+    """Record that `name` traced without error (appended: several processes may write)."""
+    if traced_before(name):
+        return
+    _traced.add(name)
+    if not enabled():
+        return
+    path = os.path.join(directory(), _TRACED_FILE)
+    try:
+        os.makedirs(directory(), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size > _TRACED_MAX_BYTES:
+                os.ftruncate(fd, 0)
+            os.write(fd, (name + "\n").encode())  # one short write: atomic with O_APPEND
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 # ------------------------------------------------------------------ eviction
 def _entries() -> list[tuple[float, int, str]]:
     out = []
@@ -280,6 +323,8 @@ def clear() -> int:
     n = 0
     for _, _, path in _entries():
         n += _remove(path)
-    global _total_bytes
+    _remove(os.path.join(directory(), _TRACED_FILE))
+    global _total_bytes, _traced
     _total_bytes = 0
+    _traced = None
     return n
