@@ -88,7 +88,8 @@ class PjrtOutputCode(OutputCode):
         from torch.fx._graph_pickler import Options
 
         try:
-            self._pickled_gm = _graph_pickler().dumps(self.gm, Options(ops_filter=None))
+            with _only_values(self.gm):
+                self._pickled_gm = _graph_pickler().dumps(self.gm, Options(ops_filter=None))
         except Exception as e:  # noqa: BLE001 - e.g. an op no other process could import
             counters.count("aot_cache_bypasses")
             raise BypassAOTAutogradCache(f"pjrt: graph not serializable: {e}") from e
@@ -114,6 +115,22 @@ class PjrtOutputCode(OutputCode):
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass
+
+
+@contextlib.contextmanager
+def _only_values(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """The graph's nodes with only the metadata our lowering reads (their fake values)
+    while it is pickled: stack traces, provenance and the partitioner's tags were most
+    of each stored graph and of the time a warm start spent loading it."""
+    nodes = list(gm.graph.nodes)
+    metas = [n.meta for n in nodes]
+    for n, meta in zip(nodes, metas):
+        n.meta = {"val": meta["val"]} if "val" in meta else {}
+    try:
+        yield
+    finally:
+        for n, meta in zip(nodes, metas):
+            n.meta = meta
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from jax.extend.core import jaxpr_as_fun
 
 from .. import counters
 from ..lowering import apply, checks
-from ..runtime import compile_cache, cpu_kernels
+from ..runtime import compile_cache, cpu_kernels, warm_start
 from ..storage import dtypes, table, views
 from . import debug, graph, modes, opspec
 from .opspec import (
@@ -311,7 +311,7 @@ def _trace_now(call: _Call, entry: Entry) -> None:
     mode) into the jaxpr its graphs evaluate, instead of tracing it in every graph. Not
     for a signature that has traced before (also in an earlier process): a warm start
     loads its graphs from disk and traces nothing."""
-    if compile_cache.traced_before(entry.digest):
+    if warm_start.traced_before(entry.digest):
         return
     args = [_aval(call.recs[i].value) for i in entry.order]
     dyn = list(call.dyn) + ([np.uint64(0), np.uint64(0)] if entry.random else [])
@@ -319,7 +319,7 @@ def _trace_now(call: _Call, entry: Entry) -> None:
         entry.jaxpr = jaxpr_as_fun(jax.make_jaxpr(entry.trace)(*args, *dyn))
     except Exception as e:  # noqa: BLE001 - the lowering's errors become PyTorch's
         raise _runtime_error(call.spec, e) from e
-    compile_cache.note_traced(entry.digest)
+    warm_start.note_traced(entry.digest)
 
 
 def _aval(value):

@@ -81,9 +81,10 @@ def ensure_initialized() -> None:
         from .. import optim_step
         from ..eager import dispatch, executor, graph, modes
         from ..storage import table
-        from . import client
+        from . import client, warm_start
 
         client.devices()
+        warm_start.prefetch()  # the last process's first programs, read in the background
         table.install(_native, graph.flush)
         graph.configure()
         optim_step.install()

@@ -111,18 +111,15 @@ def _prepare_custom_calls() -> None:
         pass
 
 
-def load(name: str, device: int):
-    """(executable, side info) stored under `name`, or None (missing or damaged: then
-    recompiled)."""
-    if not enabled():
-        return None
-    path = _path(name)
+def read(name: str, device: int) -> tuple[str, Any]:
+    """("hit", (executable, side info)), ("missing", None) or ("corrupt", None) for the
+    entry `name`, without counting or repairing anything (a background prefetch calls
+    this too; load() does the bookkeeping)."""
     try:
-        with open(path, "rb") as f:
+        with open(_path(name), "rb") as f:
             blob = f.read()
     except OSError:
-        counters.count("disk_cache_misses")
-        return None
+        return "missing", None
     try:
         magic, length, checksum = _HEADER.unpack_from(blob)
         payload = blob[_HEADER.size:]
@@ -141,16 +138,36 @@ def load(name: str, device: int):
         compiled = deserialize_and_load(*serialized,
                                         execution_devices=[client.device(device)])
     except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
+        return "corrupt", None
+    return "hit", (compiled, side)
+
+
+def load(name: str, device: int):
+    """(executable, side info) stored under `name`, or None (missing or damaged: then
+    recompiled). Taken from the warm-start prefetch when it has read it already."""
+    if not enabled():
+        return None
+    from . import warm_start
+
+    ahead = warm_start.take(name, device)
+    outcome, found = ahead or read(name, device)
+    warm_start.note_used(name, device)
+    if ahead is not None and outcome == "hit":
+        counters.count("disk_cache_prefetched")  # read in the background at start-up
+    if outcome == "missing":
+        counters.count("disk_cache_misses")
+        return None
+    if outcome == "corrupt":
         counters.count("disk_cache_corrupt")  # and a miss: it is compiled again
         counters.count("disk_cache_misses")
-        _remove(path)
+        _remove(_path(name))
         return None
     counters.count("disk_cache_hits")
     try:
-        os.utime(path)  # most recently used
+        os.utime(_path(name))  # most recently used
     except OSError:
         pass
-    return compiled, side
+    return found
 
 
 def store(name: str, compiled, side: Any = None) -> None:
@@ -207,49 +224,6 @@ def _entry_point(compiled):
         return compiled
     compiled._call = call
     return call
-
-
-# ------------------------------------------------------------------ traced signatures
-_TRACED_FILE = "traced"  # under directory(): one digest per line, appended
-_TRACED_MAX_BYTES = 8 << 20  # past this the file starts over (only re-tracing is lost)
-_traced: set[str] | None = None
-
-
-def traced_before(name: str) -> bool:
-    """Whether the op program `name` has been traced without error, in this process or
-    (with the disk cache on) in an earlier one with the same sources and versions: fused
-    eager then need not trace it again where the op is recorded."""
-    global _traced
-    if _traced is None:
-        _traced = set()
-        if enabled():
-            try:
-                with open(os.path.join(directory(), _TRACED_FILE)) as f:
-                    _traced.update(f.read().split())
-            except OSError:
-                pass
-    return name in _traced
-
-
-def note_traced(name: str) -> None:
-    """Record that `name` traced without error (appended: several processes may write)."""
-    if traced_before(name):
-        return
-    _traced.add(name)
-    if not enabled():
-        return
-    path = os.path.join(directory(), _TRACED_FILE)
-    try:
-        os.makedirs(directory(), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size > _TRACED_MAX_BYTES:
-                os.ftruncate(fd, 0)
-            os.write(fd, (name + "\n").encode())  # one short write: atomic with O_APPEND
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 # ------------------------------------------------------------------ eviction
@@ -323,8 +297,9 @@ def clear() -> int:
     n = 0
     for _, _, path in _entries():
         n += _remove(path)
-    _remove(os.path.join(directory(), _TRACED_FILE))
-    global _total_bytes, _traced
+    from . import warm_start
+
+    warm_start.forget()
+    global _total_bytes
     _total_bytes = 0
-    _traced = None
     return n
