@@ -86,3 +86,22 @@ def test_streams_and_events_wait_for_the_device():
     e.synchronize()
     s.synchronize()
     assert torch.isfinite(y).all().item()
+
+
+EXIT_WITH_WORK_IN_FLIGHT = """
+import gc, torch, torch_pjrt
+torch_pjrt.set_eager_mode("strict")
+x = torch.randn(2048, 2048, device="pjrt")
+g = torch.ones_like(x)
+keep = [torch.ops.aten.gelu_backward(g, x) for _ in range(40)]  # ATen's kernel in XLA
+gc.freeze()  # nothing is freed at exit, so no buffer's deletion waits for its program
+"""
+
+
+def test_exit_waits_for_programs_still_running():
+    """A process that exits while its programs run (here, libtorch's GELU backward inside
+    XLA programs on the cpu platform) must not crash as libtorch's static objects go: it
+    segfaulted every time before the exit hook waited for them."""
+    out = subprocess.run([sys.executable, "-c", EXIT_WITH_WORK_IN_FLIGHT], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])

@@ -8,6 +8,7 @@ device query, so that `import torch` alone does not start an accelerator.
 
 from __future__ import annotations
 
+import atexit
 import threading
 
 import torch
@@ -81,10 +82,11 @@ def ensure_initialized() -> None:
         from .. import optim_step
         from ..eager import dispatch, executor, graph, modes
         from ..storage import table
-        from . import client, warm_start
+        from . import client, sync, warm_start
 
         client.devices()
         warm_start.prefetch()  # the last process's first programs, read in the background
+        atexit.register(sync.drain)
         table.install(_native, graph.flush)
         graph.configure()
         optim_step.install()

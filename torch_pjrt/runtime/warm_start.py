@@ -148,6 +148,7 @@ def _finish() -> None:
         future.cancel()
     if _worker is not None:
         _worker.join(timeout=5)
+    _ahead.clear()  # unclaimed programs go while PJRT is up (later, freeing them crashed)
     if not _used or not compile_cache.enabled():
         return
     text = "\n".join(f"{name} {device}" for name, device in _used.items())
