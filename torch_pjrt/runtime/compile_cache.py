@@ -21,6 +21,7 @@ import os
 import pickle
 import struct
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -31,6 +32,11 @@ _HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of payload
 _SUFFIX = ".xc"
 
 _total_bytes: int | None = None  # this process's running estimate of the cache size
+# XLA compiles and deserializations, one at a time: the warm-start read-ahead deserializes
+# in a background thread, and nothing documents XLA:CPU's loading as safe to run beside
+# another load or a compile. A precaution: the one segfault seen in a load (a suite run)
+# was in the main thread, long after the read-ahead had finished.
+_xla_lock = threading.RLock()
 
 
 def enabled() -> bool:
@@ -131,12 +137,13 @@ def read(name: str, device: int) -> tuple[str, Any]:
         from . import client, cpu_kernels
 
         serialized, side = pickle.loads(payload)
-        if b"lapack" in payload:  # the targets' names are in the stored program
-            _prepare_custom_calls()  # (70 ms: it imports scipy.linalg)
-        if cpu_kernels.PREFIX.encode() in payload:
-            cpu_kernels.available()  # registers the kernels' handlers
-        compiled = deserialize_and_load(*serialized,
-                                        execution_devices=[client.device(device)])
+        with _xla_lock:
+            if b"lapack" in payload:  # the targets' names are in the stored program
+                _prepare_custom_calls()  # (70 ms: it imports scipy.linalg)
+            if cpu_kernels.PREFIX.encode() in payload:
+                cpu_kernels.available()  # registers the kernels' handlers
+            compiled = deserialize_and_load(*serialized,
+                                            execution_devices=[client.device(device)])
     except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
         return "corrupt", None
     return "hit", (compiled, side)
@@ -208,7 +215,8 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
         if set_side is not None:
             set_side(side)
         return _entry_point(compiled)
-    compiled = jitted.lower(*args).compile()
+    with _xla_lock:
+        compiled = jitted.lower(*args).compile()
     store(name, compiled, get_side() if get_side is not None else None)
     return _entry_point(compiled)
 
