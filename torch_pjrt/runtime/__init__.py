@@ -82,10 +82,9 @@ def ensure_initialized() -> None:
         from .. import optim_step
         from ..eager import dispatch, executor, graph, modes
         from ..storage import table
-        from . import client, sync, warm_start
+        from . import client, sync
 
         client.devices()
-        warm_start.prefetch()  # the last process's first programs, read in the background
         atexit.register(sync.drain)
         table.install(_native, graph.flush)
         graph.configure()

@@ -21,7 +21,6 @@ import os
 import pickle
 import struct
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -32,11 +31,6 @@ _HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of payload
 _SUFFIX = ".xc"
 
 _total_bytes: int | None = None  # this process's running estimate of the cache size
-# XLA compiles and deserializations, one at a time: the warm-start read-ahead deserializes
-# in a background thread, and nothing documents XLA:CPU's loading as safe to run beside
-# another load or a compile. A precaution: the one segfault seen in a load (a suite run)
-# was in the main thread, long after the read-ahead had finished.
-_xla_lock = threading.RLock()
 
 
 def enabled() -> bool:
@@ -119,8 +113,7 @@ def _prepare_custom_calls() -> None:
 
 def read(name: str, device: int) -> tuple[str, Any]:
     """("hit", (executable, side info)), ("missing", None) or ("corrupt", None) for the
-    entry `name`, without counting or repairing anything (a background prefetch calls
-    this too; load() does the bookkeeping)."""
+    entry `name`, without counting or repairing anything (load() does that)."""
     try:
         with open(_path(name), "rb") as f:
             blob = f.read()
@@ -137,13 +130,12 @@ def read(name: str, device: int) -> tuple[str, Any]:
         from . import client, cpu_kernels
 
         serialized, side = pickle.loads(payload)
-        with _xla_lock:
-            if b"lapack" in payload:  # the targets' names are in the stored program
-                _prepare_custom_calls()  # (70 ms: it imports scipy.linalg)
-            if cpu_kernels.PREFIX.encode() in payload:
-                cpu_kernels.available()  # registers the kernels' handlers
-            compiled = deserialize_and_load(*serialized,
-                                            execution_devices=[client.device(device)])
+        if b"lapack" in payload:  # the targets' names are in the stored program
+            _prepare_custom_calls()  # (70 ms: it imports scipy.linalg)
+        if cpu_kernels.PREFIX.encode() in payload:
+            cpu_kernels.available()  # registers the kernels' handlers
+        compiled = deserialize_and_load(*serialized,
+                                        execution_devices=[client.device(device)])
     except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
         return "corrupt", None
     return "hit", (compiled, side)
@@ -151,16 +143,10 @@ def read(name: str, device: int) -> tuple[str, Any]:
 
 def load(name: str, device: int):
     """(executable, side info) stored under `name`, or None (missing or damaged: then
-    recompiled). Taken from the warm-start prefetch when it has read it already."""
+    recompiled)."""
     if not enabled():
         return None
-    from . import warm_start
-
-    ahead = warm_start.take(name, device)
-    outcome, found = ahead or read(name, device)
-    warm_start.note_used(name, device)
-    if ahead is not None and outcome == "hit":
-        counters.count("disk_cache_prefetched")  # read in the background at start-up
+    outcome, found = read(name, device)
     if outcome == "missing":
         counters.count("disk_cache_misses")
         return None
@@ -215,8 +201,7 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
         if set_side is not None:
             set_side(side)
         return _entry_point(compiled)
-    with _xla_lock:
-        compiled = jitted.lower(*args).compile()
+    compiled = jitted.lower(*args).compile()
     store(name, compiled, get_side() if get_side is not None else None)
     return _entry_point(compiled)
 
