@@ -157,3 +157,26 @@ def test_fused_eager_traces_each_signature_once_across_processes(tmp_path):
     subprocess.run([sys.executable, "-m", "torch_pjrt", "cache", "clear"], env=env,
                    capture_output=True, timeout=120, check=True)
     assert not (tmp_path / "xla" / "traced").exists()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_process_lets_go_of_its_oldest_programs_past_the_limit(monkeypatch, mode):
+    """Each XLA:CPU program holds ~9 memory mappings: a process that kept every program
+    crashed inside XLA once it passed vm.max_map_count (a test-suite worker did). Past the
+    limit the oldest programs are let go, and come back from the cache when used again."""
+    import torch
+
+    import torch_pjrt
+    from torch_pjrt import metrics
+    from torch_pjrt.runtime import compile_cache
+
+    monkeypatch.setattr(compile_cache, "max_live", lambda: 8)
+    before = metrics().get("programs_let_go", 0)
+    with torch_pjrt.set_eager_mode(mode):
+        x = torch.arange(6.0, device="pjrt")
+        for rounds in range(2):  # the second round reuses programs let go in the first
+            for k in range(12):  # a program per size
+                got = (x[: k % 6 + 1] * (k + 2) + 1.5 * rounds).sum().item()
+                want = float((torch.arange(k % 6 + 1.0) * (k + 2) + 1.5 * rounds).sum())
+                assert got == want
+    assert metrics().get("programs_let_go", 0) > before

@@ -679,13 +679,19 @@ class _Launcher:
             args = [recs[i].value for i in self.order]
         return self.launch(args, dyn)
 
+    def drop(self) -> None:
+        """Let go of the program (compile_cache._hold): the next launch loads it again."""
+        self.compiled = None
+        if self.entry.call is not None:
+            self.entry.call = None
+
     def launch(self, args: list, dyn: list):
         """The program on the buffers already in its argument order (Entry.order)."""
         if self.compiled is None:
             entry = self.entry
             self.compiled = compile_cache.compile(
                 self.jitted, (*args, *dyn), entry.digest, entry.device,
-                get_side=lambda: entry.checks, set_side=entry.set_checks)
+                get_side=lambda: entry.checks, set_side=entry.set_checks, drop=self.drop)
             if self.order is None:
                 entry.call = self.compiled
         return self.compiled(*args, *dyn)

@@ -164,8 +164,13 @@ class _Plan:
     def __call__(self, *args):
         if self.compiled is None:
             self.compiled = compile_cache.compile(self.jitted, args, self.name, self.device,
-                                                  get_side=self._side, set_side=self._restore)
+                                                  get_side=self._side, set_side=self._restore,
+                                                  drop=self._drop)
         return self.compiled(*args)
+
+    def _drop(self) -> None:
+        """Let go of the program (compile_cache._hold): the next run loads it again."""
+        self.compiled = None
 
     def _side(self):
         return {p: self.entries[p].checks for p in self.flag_nodes}

@@ -22,6 +22,7 @@ import pickle
 import struct
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import _env, counters
@@ -190,20 +191,59 @@ def store(name: str, compiled, side: Any = None) -> None:
     _account(len(blob))
 
 
-def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side=None):
+def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side=None,
+            drop: Callable[[], None] | None = None):
     """`jitted` compiled for `args`: from the disk cache, else by XLA (then stored).
 
     get_side() is called after tracing for the side info to store with the program;
-    set_side(info) restores it when the program comes from disk instead."""
+    set_side(info) restores it when the program comes from disk instead. drop() makes the
+    caller let go of the program (it compiles it again, from disk, at its next use): called
+    when the process holds too many programs (see _hold)."""
     found = load(name, device)
     if found is not None:
         compiled, side = found
         if set_side is not None:
             set_side(side)
-        return _entry_point(compiled)
-    compiled = jitted.lower(*args).compile()
-    store(name, compiled, get_side() if get_side is not None else None)
+    else:
+        compiled = jitted.lower(*args).compile()
+        store(name, compiled, get_side() if get_side is not None else None)
+    if drop is not None:
+        _hold(drop)
     return _entry_point(compiled)
+
+
+# ------------------------------------------------------------------ live programs
+# Each loaded XLA:CPU program maps its code and data (about 9 memory mappings each,
+# measured): past vm.max_map_count (65530 by default) the next mmap fails and XLA crashes
+# in the middle of a load or a compile. A long process (a test suite: one worker held
+# over 7,000 programs) reaches that, so the oldest programs are let go past a limit
+# derived from it; the disk cache brings them back in milliseconds when they are used.
+_live: dict[int, Callable[[], None]] = {}  # in the order the programs were taken
+_MAPS_PER_PROGRAM = 10
+
+
+@functools.cache
+def max_live() -> int:
+    """How many programs a process holds at most (a quarter of them go past it)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return 1 << 30  # no such limit here
+    return max(256, limit // 2 // _MAPS_PER_PROGRAM)
+
+
+def _hold(drop: Callable[[], None]) -> None:
+    _live[id(drop)] = drop
+    if len(_live) <= max_live():
+        return
+    from . import sync
+
+    sync.drain()  # nothing let go while it runs
+    oldest = list(_live)[:len(_live) // 4]
+    for key in oldest:
+        _live.pop(key)()
+    counters.count("programs_let_go", len(oldest))
 
 
 def _entry_point(compiled):
