@@ -682,8 +682,7 @@ class _Launcher:
     def drop(self) -> None:
         """Let go of the program (compile_cache._hold): the next launch loads it again."""
         self.compiled = None
-        if self.entry.call is not None:
-            self.entry.call = None
+        self.entry.call = None
 
     def launch(self, args: list, dyn: list):
         """The program on the buffers already in its argument order (Entry.order)."""

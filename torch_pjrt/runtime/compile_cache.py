@@ -112,14 +112,18 @@ def _prepare_custom_calls() -> None:
         pass
 
 
-def read(name: str, device: int) -> tuple[str, Any]:
-    """("hit", (executable, side info)), ("missing", None) or ("corrupt", None) for the
-    entry `name`, without counting or repairing anything (load() does that)."""
+def load(name: str, device: int):
+    """(executable, side info) stored under `name`, or None (missing or damaged: then
+    recompiled)."""
+    if not enabled():
+        return None
+    path = _path(name)
     try:
-        with open(_path(name), "rb") as f:
+        with open(path, "rb") as f:
             blob = f.read()
     except OSError:
-        return "missing", None
+        counters.count("disk_cache_misses")
+        return None
     try:
         magic, length, checksum = _HEADER.unpack_from(blob)
         payload = blob[_HEADER.size:]
@@ -138,30 +142,16 @@ def read(name: str, device: int) -> tuple[str, Any]:
         compiled = deserialize_and_load(*serialized,
                                         execution_devices=[client.device(device)])
     except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
-        return "corrupt", None
-    return "hit", (compiled, side)
-
-
-def load(name: str, device: int):
-    """(executable, side info) stored under `name`, or None (missing or damaged: then
-    recompiled)."""
-    if not enabled():
-        return None
-    outcome, found = read(name, device)
-    if outcome == "missing":
-        counters.count("disk_cache_misses")
-        return None
-    if outcome == "corrupt":
         counters.count("disk_cache_corrupt")  # and a miss: it is compiled again
         counters.count("disk_cache_misses")
-        _remove(_path(name))
+        _remove(path)
         return None
     counters.count("disk_cache_hits")
     try:
-        os.utime(_path(name))  # most recently used
+        os.utime(path)  # most recently used
     except OSError:
         pass
-    return found
+    return compiled, side
 
 
 def store(name: str, compiled, side: Any = None) -> None:
@@ -215,8 +205,8 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
 # ------------------------------------------------------------------ live programs
 # Each loaded XLA:CPU program maps its code and data (about 9 memory mappings each,
 # measured): past vm.max_map_count (65530 by default) the next mmap fails and XLA crashes
-# in the middle of a load or a compile. A long process (a test suite: one worker held
-# over 7,000 programs) reaches that, so the oldest programs are let go past a limit
+# in the middle of a load or a compile. A long process reaches that (a test-suite worker
+# died at 61,500 mappings, about 6,800 programs), so the oldest programs are let go past a limit
 # derived from it; the disk cache brings them back in milliseconds when they are used.
 _live: dict[int, Callable[[], None]] = {}  # in the order the programs were taken
 _MAPS_PER_PROGRAM = 10

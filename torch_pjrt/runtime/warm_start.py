@@ -22,7 +22,6 @@ def _file(name: str) -> str:
     return os.path.join(compile_cache.directory(), name)
 
 
-# ------------------------------------------------------------------ traced signatures
 def traced_before(name: str) -> bool:
     """Whether the op program `name` has traced without error, in this process or (with
     the disk cache on) in an earlier one with the same sources and versions."""
