@@ -55,6 +55,25 @@ def test_linear_and_attention_gradients_match_cpu():
     _grads_match(fn, x, w, bias, q, k, v, atol=2e-4, rtol=1e-4)
 
 
+def test_independent_kernel_calls_in_one_program_match_cpu():
+    """Kernel calls that XLA runs at once share one queue of blocks (run_blocks in
+    native/cpu_kernels.cpp): a program of independent products, layer norms and GELUs,
+    each cut into blocks, whose results would differ if a block ran with another call's
+    operands or a call returned before its blocks had run."""
+    xs = [torch.randn(400 + 16 * i, 96) for i in range(6)]
+    w, gamma, beta = torch.randn(160, 96), torch.randn(160), torch.randn(160)
+
+    def fn(w, gamma, beta, *xs):
+        outs = []
+        for x in xs:
+            h = torch.nn.functional.linear(x, w)
+            h = torch.nn.functional.layer_norm(h, (160,), gamma, beta)
+            outs.append(torch.nn.functional.gelu(h))
+        return outs
+
+    compare(fn, w, gamma, beta, *xs, atol=1e-4, rtol=1e-5)
+
+
 @pytest.fixture
 def mode_offset(eager_mode, monkeypatch, tmp_path) -> int:
     """For tests that count kernel calls while programs are traced: a fresh compile
