@@ -47,12 +47,28 @@ def timer(fn: Callable[[], object], n: int) -> Callable[[], float]:
     return run
 
 
+SETTLE_SECONDS = 0.05
+
+
+def settle() -> None:
+    """A pause before each candidate's turn, for the last one's idle threads to sleep.
+
+    PyTorch's OpenMP threads spin for a while after their last parallel region, and
+    XLA's pool threads after their last task; on a 2-core machine the next candidate
+    shares the cores with them. Measured on the 2-core Xeon: the first of three identical
+    XLA candidates right after native torch took 1.40x the time of the other two; with
+    this pause, 1.02x."""
+    time.sleep(SETTLE_SECONDS)
+
+
 def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
     """Median of `rounds` measurements of each fn, the candidates taking turns each round
-    (so a noisy neighbour slows them all alike). Each fn returns its own seconds."""
+    (so a noisy neighbour slows them all alike), each after settle(). Each fn returns
+    its own seconds."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            settle()
             samples[name].append(fn())
     return {k: statistics.median(v) for k, v in samples.items()}
 

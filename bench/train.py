@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, write_report  # noqa: E402
+from common import environment, settle, write_report  # noqa: E402
 from jax_gpt import JaxTrainer  # noqa: E402
 
 import torch_pjrt  # noqa: E402
@@ -116,6 +116,7 @@ def bench_config(key: str, names: list[str], steps: int, warmup: int, chunk: int
     for start in range(warmup, warmup + steps, chunk):
         for name, trainer in trainers.items():  # taking turns, chunk by chunk
             part = data[start:start + chunk]
+            settle()
             seconds, loss = trainer.run(part)
             results[name]["step_seconds"].append(seconds / len(part))
             results[name]["loss"] = loss
