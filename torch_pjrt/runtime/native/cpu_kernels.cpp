@@ -87,10 +87,11 @@ struct Job {
 std::mutex queue_mu;
 std::deque<std::shared_ptr<Job>> queue;  // jobs with unclaimed blocks, oldest first
 
-// Claims the oldest unclaimed block of any job; false when there is none.
-bool claim(std::shared_ptr<Job>& job, int& i) {
+// Claims the oldest unclaimed block of any job; false when there is none, or once
+// every block of `until` (when given) is claimed.
+bool claim(std::shared_ptr<Job>& job, int& i, const Job* until = nullptr) {
   std::lock_guard<std::mutex> lock(queue_mu);
-  if (queue.empty()) return false;
+  if (queue.empty() || (until != nullptr && until->next == until->blocks)) return false;
   job = queue.front();
   i = job->next++;
   if (job->next == job->blocks) queue.pop_front();
@@ -103,6 +104,14 @@ void run_claimed(const std::shared_ptr<Job>& job, int i) {
     std::lock_guard<std::mutex> lock(job->mu);
     job->cv.notify_all();
   }
+}
+
+// Runs queued blocks, oldest first, until none is left (or every block of `until` is
+// claimed): what a pool task and a kernel's calling thread both do.
+void run_queued(const Job* until = nullptr) {
+  std::shared_ptr<Job> job;
+  int i;
+  while (claim(job, i, until)) run_claimed(job, i);
 }
 
 // Runs block(i) for every i in [0, blocks): the blocks are queued behind those of
@@ -121,22 +130,8 @@ void run_blocks(ffi::ThreadPool& pool, int blocks, std::function<void(int)> bloc
     std::lock_guard<std::mutex> lock(queue_mu);
     queue.push_back(job);
   }
-  for (int i = 1; i < blocks; ++i)
-    pool.Schedule([] {
-      std::shared_ptr<Job> other;
-      int j;
-      while (claim(other, j)) run_claimed(other, j);
-    });
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(queue_mu);
-      if (job->next == job->blocks) break;
-    }
-    std::shared_ptr<Job> other;
-    int j;
-    if (!claim(other, j)) break;
-    run_claimed(other, j);
-  }
+  for (int i = 1; i < blocks; ++i) pool.Schedule([] { run_queued(); });
+  run_queued(job.get());
   std::unique_lock<std::mutex> lock(job->mu);
   job->cv.wait(lock, [&] { return job->done.load() == job->blocks; });
 }
