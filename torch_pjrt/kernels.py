@@ -102,10 +102,7 @@ _pending: list = []
 def _install_device_kernel(op, ns: str) -> None:
     from .eager import dispatch
 
-    key = ns + "/PrivateUse1"
-    if key not in _libs:  # one library per namespace: a dropped Library unregisters
-        _libs[key] = torch.library.Library(ns, "IMPL", "PrivateUse1")
-    _libs[key].impl(op._schema.name.split("::")[1], dispatch.executor_kernel(op))
+    dispatch.register_kernel(op)
 
 
 def install_pending() -> None:

@@ -34,7 +34,6 @@ from ..storage import dtypes, table, views
 from . import buckets
 
 _lib = torch.library.Library("pjrt_graphs", "DEF")
-_impl = torch.library.Library("pjrt_graphs", "IMPL", "PrivateUse1")
 _defined: dict[str, Any] = {}  # fingerprint -> the operator defined for it
 
 
@@ -570,7 +569,7 @@ class CompiledGraph:
         registry.lower(self.op, random=random, eager=False, products=products)(lowering)
         from ..eager import dispatch
 
-        _impl.impl(name, dispatch.executor_kernel(self.op))
+        dispatch.register_kernel(self.op)
         _defined[name] = self.op
 
     def __call__(self, args: list):

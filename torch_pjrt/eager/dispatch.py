@@ -38,9 +38,10 @@ METADATA_OPS = (
 )
 
 
-def executor_kernel(op: torch._ops.OpOverload):
-    """The PrivateUse1 kernel of an op served by its lowering."""
-    return functools.partial(executor.kernel, opspec.spec(op))
+def register_kernel(op: torch._ops.OpOverload) -> None:
+    """Serve `op` on pjrt with its lowering: the native kernel of lowered ops
+    (runtime/native/op_kernel.cpp), which lives as long as the process."""
+    executor._native.register_op_kernels(op.namespace, [(_qualname(op), opspec.spec(op))])
 
 
 def _variants(op: torch._ops.OpOverload):
@@ -185,10 +186,8 @@ def _resize_(self: torch.Tensor, size, memory_format=None):
     return aten.resize_.default.redispatch(_CPU_KEYS, self, size, memory_format=memory_format)
 
 
-_extra_libs: list[torch.library.Library] = []
 _COPY_SPEC: opspec.OpSpec | None = None
-_TO_extra_libs: list[torch.library.Library] = []
-_COPY_SPEC: opspec.OpSpec | None = None
+_TO_COPY_SPEC: opspec.OpSpec | None = None
 
 SPECIAL_KERNELS = {
     aten.empty.memory_format: _empty_memory_format,
@@ -234,13 +233,14 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     special = {**SPECIAL_KERNELS, **_masked_kernels()}
     for op, fn in special.items():
         lib.impl(_qualname(op), fn)
-    pjrt_lib = torch.library.Library("pjrt", "IMPL", "PrivateUse1")
+    # Lowered ops: the native kernel (runtime/native/op_kernel.cpp), per namespace.
+    by_namespace: dict[str, list] = {}
     for op in lowered_ops():
         if op in special or op in METADATA_OPS:
             continue
-        target = lib if op.namespace == "aten" else pjrt_lib
-        target.impl(_qualname(op), executor_kernel(op))
-    _extra_libs.append(pjrt_lib)
+        by_namespace.setdefault(op.namespace, []).append((_qualname(op), opspec.spec(op)))
+    for namespace, ops in by_namespace.items():
+        executor._native.register_op_kernels(namespace, ops)
     fallback_lib.fallback(fallback.run)
 
 

@@ -9,9 +9,12 @@ views, computes, lays the outputs out with PyTorch's strides and writes
 mutated views back into their storages, and caches it. A hit costs the key,
 a dictionary lookup and one launch.
 
-The common calls (no keyword arguments) are keyed natively first: the shim packs
-the same metadata into a key of its own (runtime/native/shim.cpp, lookup) under
-which the entry is filed too, the first time the Python key finds it.
+Calls are keyed natively first: the PrivateUse1 kernel of every lowered op is
+C++ (runtime/native/op_kernel.cpp), which packs the same metadata into a key of
+its own, under which the entry is filed too the first time the Python key finds
+it. On a fused hit of an op that returns one fresh tensor it records the op
+itself; every other call comes here through native_call. Calls made from Python
+(kernel()) are keyed natively by the same code (lookup).
 """
 
 from __future__ import annotations
@@ -51,9 +54,15 @@ _PJRT = None  # the torch device type name, set by install()
 
 def install(native, device_type: str) -> None:
     global _native, _PJRT, _lookup
+    from ..runtime import memory
+
     _native = native
     _PJRT = device_type
     _lookup = native.lookup
+    native.configure_op_kernel(
+        vars(graph), vars(modes), counters._counters, memory._devices, table._records, _cache,
+        native_call, graph.flush_due, graph.Node, graph.Lazy, table.StorageRecord, Entry,
+        memory.DeviceMemory)
 
 
 def _lookup(plan, args, records, cache):  # replaced by the shim's at install()
@@ -235,24 +244,32 @@ _counts = counters._counters
 
 
 def kernel(spec: OpSpec, /, *args, **kwargs):
-    """Run `spec.op` on pjrt tensors with its lowering, compiling on first use: the
-    PrivateUse1 kernel of every lowered op (dispatch binds `spec`)."""
+    """Run `spec.op` on pjrt tensors with its lowering, compiling on first use: for the
+    calls made from Python (the PrivateUse1 kernel of lowered ops is native_call's)."""
     if kwargs or modes.debug:
         return _execute(spec, args, kwargs, None)
     # The common case, keyed natively: (entry, recs, dyn, device, values) on a hit.
-    hit = _lookup(spec.plan, args, _records, _cache)
-    if hit is None:
-        return _execute(spec, args, kwargs, None)
+    return native_call(spec, _lookup(spec.plan, args, _records, _cache), args)
+
+
+def native_call(spec: OpSpec, found: tuple | None, args: tuple):
+    """A call as the native key found it (runtime/native/op_kernel.cpp: the kernel of
+    lowered ops, every schema argument in `args`; or kernel() above): `found` is the hit
+    (entry, recs, dyn, device, values), (None, key) on a miss, or None where the call
+    needs the Python key. The native kernel records the common fused hits itself."""
+    if found is None or modes.debug:
+        return _execute(spec, args, {}, None)
+    hit = found
     entry = hit[0]
     if entry is None:
-        return _execute(spec, args, kwargs, hit[1])
+        return _execute(spec, args, {}, hit[1])
     _counts["cache_hits"] += 1
     if modes.fused and not entry.alone:
         if not entry.single:
             return _run_fused(spec, entry, hit, args)
         out = _record_single(entry, hit[1], hit[2], hit[3], hit[4] if entry.ordered else None)
         if graph.due:
-            graph.flush(graph.flush_reason() or "size cap")
+            graph.flush_due()
         return out
     return _run_strict(spec, entry, hit, args)
 
@@ -378,7 +395,7 @@ def _run_fused(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
     results = graph.record(entry, hit[1], hit[2], device, hit[4] if entry.ordered else None)
     out = _outputs(spec, entry, hit[1], device, args, results)
     if graph.due:
-        graph.flush(graph.flush_reason() or "size cap")
+        graph.flush_due()
     return out
 
 

@@ -1,7 +1,9 @@
 """Fused eager: ops recorded into a pending graph, compiled and run as one program.
 
 Recording an op costs what strict mode costs minus the launch: its output
-storages get `Lazy` placeholders instead of buffers. When a value is needed
+storages get `Lazy` placeholders instead of buffers (the native kernel of lowered
+ops, runtime/native/op_kernel.cpp, does what record_single does for the common
+case, without Python code). When a value is needed
 (data read, CPU fallback, synchronize, a size cap) the graph is flushed: the
 program takes the concrete buffers the graph reads and returns only the lazy
 values some storage still holds, so tensors that died inside the graph are
@@ -119,7 +121,9 @@ def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]
 
 
 def record_single(entry, recs: list, dyn: list, device: int, inputs) -> torch.Tensor:
-    """record() of an op that returns one fresh tensor and writes nothing: that tensor."""
+    """record() of an op that returns one fresh tensor and writes nothing: that tensor.
+    op_kernel.cpp's record_single does the same (keep the two alike); it leaves the cases
+    that need more than appending (another device's graph, memory pressure) to this."""
     node = _append(entry, recs, dyn, device, inputs)
     shape, stride, dtype, jdtype, nbytes = entry.outs[0]
     return table.new_tensor(shape, stride, dtype, jdtype, nbytes, device,
@@ -136,6 +140,11 @@ def _note_pressure() -> bool:
     _pressure = bool(_nodes)
     due = due or _pressure
     return False
+
+
+def flush_due() -> None:
+    """Run the graph a recorded op made due (the size cap or memory pressure)."""
+    flush(flush_reason() or "size cap")
 
 
 def flush_reason() -> str | None:

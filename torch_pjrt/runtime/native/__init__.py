@@ -13,13 +13,14 @@ from types import ModuleType
 import torch
 
 _SOURCES = [os.path.join(os.path.dirname(__file__), name)
-            for name in ("shim.cpp", "cpu_kernels.cpp")]
+            for name in ("shim.cpp", "op_kernel.cpp", "cpu_kernels.cpp")]
+_HEADERS = [os.path.join(os.path.dirname(__file__), "shim.h")]
 _NAME = "torch_pjrt_native"
 
 
 def _build_dir() -> str:
     h = hashlib.sha256()
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         with open(source, "rb") as f:
             h.update(f.read())
     digest = h.hexdigest()[:16]

@@ -18,6 +18,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include "shim.h"
+
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -30,7 +32,7 @@ std::vector<std::pair<const char*, void*>> torch_pjrt_cpu_kernels();  // cpu_ker
 
 namespace {
 
-constexpr c10::DeviceType kPjrt = c10::DeviceType::PrivateUse1;
+using torch_pjrt::kPjrt;
 
 thread_local c10::DeviceIndex current_device = 0;
 std::atomic<int> known_device_count{-1};
@@ -281,12 +283,7 @@ void install(py::object count_fn, py::object free_fn, py::object sync_fn) {
 at::Tensor empty_strided(const std::vector<int64_t>& size,
                          const std::vector<int64_t>& stride,
                          c10::ScalarType dtype, int index) {
-  c10::DeviceIndex old = current_device;
-  current_device = check_index(c10::DeviceIndex(index));
-  auto t = at::detail::empty_strided_generic(
-      size, stride, &allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
-  current_device = old;
-  return t;
+  return torch_pjrt::empty_pjrt(size, stride, dtype, index);
 }
 
 // (seed, offset) for a random op that draws `increment` keys, advancing the
@@ -335,310 +332,22 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return int64_t(at::SDPBackend::error);
 }
 
-// ------------------------------------------------------------ op cache key
-// The executor's hit path: the cache key of a call built from the arguments'
-// metadata (what eager/executor.py's _key reads, packed into bytes), looked up
-// in the op cache. lookup(plan, args, records, cache) returns
-//   (entry, recs, dyn, device, values)  on a hit: the storage records in
-//                               argument order, the run-time numbers, the device,
-//                               the records' values;
-//   (None, key)                 on a miss: the key to file the entry under;
-//   None                        when the call needs the executor's Python key
-//                               (an argument kind or value this does not cover).
-// plan = (token, codes, defaults, min_args): one code per schema argument.
-enum ArgCode : long { kTensor = 0, kOptTensor = 1, kTensorList = 2, kStatic = 3,
-                      kScalar = 4, kOther = 5 };
+}  // namespace
 
-PyObject* s_numel = nullptr;
-PyObject* s_dtype = nullptr;
-PyObject* s_value = nullptr;
-PyObject* s_device = nullptr;
-std::vector<PyObject*> dtype_codes;  // storage dtypes seen (strong references)
-
-struct KeyBuilder {
-  std::vector<int64_t> sig;
-  std::vector<uintptr_t> ptrs;
-  PyObject* records;  // borrowed: the storage table
-  PyObject* recs;     // new list
-  PyObject* dyn;      // new list
-  PyObject* extras;   // new list: values that are part of the key as objects
-  long device = -1;
-  bool busy = false;
-
-  // A storage attribute that is a small int; false on anything else.
-  static bool int_attr(PyObject* rec, PyObject* name, int64_t* out) {
-    PyObject* v = PyObject_GetAttr(rec, name);
-    if (v == nullptr) return false;
-    int overflow = 0;
-    *out = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
-    bool ok = PyLong_Check(v) && !overflow && !PyErr_Occurred();
-    Py_DECREF(v);
-    return ok;
-  }
-
-  static int64_t dtype_code(PyObject* dtype) {
-    for (size_t i = 0; i < dtype_codes.size(); ++i)
-      if (dtype_codes[i] == dtype) return int64_t(i);
-    if (dtype_codes.size() >= 256) return -1;
-    Py_INCREF(dtype);
-    dtype_codes.push_back(dtype);
-    return int64_t(dtype_codes.size() - 1);
-  }
-
-  bool number(PyObject* o) {
-    PyTypeObject* tp = Py_TYPE(o);
-    int64_t code;
-    if (tp == &PyFloat_Type) code = -1;
-    else if (tp == &PyLong_Type) code = -2;
-    else if (tp == &PyBool_Type) code = -3;
-    else if (tp == &PyComplex_Type) code = -4;
-    else return false;
-    sig.push_back(code);
-    return PyList_Append(dyn, o) == 0;
-  }
-
-  bool tensor(PyObject* o) {
-    if (!THPVariable_Check(o)) return number(o);
-    const at::Tensor& t = THPVariable_Unpack(o);
-    if (t.device().type() != kPjrt || !t.has_storage() || t.is_sparse()) return false;
-    uintptr_t ptr = reinterpret_cast<uintptr_t>(t.storage().data());
-    size_t idx = 0;
-    while (idx < ptrs.size() && ptrs[idx] != ptr) ++idx;
-    PyObject* rec;
-    if (idx == ptrs.size()) {
-      PyObject* key = PyLong_FromSize_t(ptr);
-      if (key == nullptr) return false;
-      rec = PyDict_GetItemWithError(records, key);  // borrowed
-      Py_DECREF(key);
-      if (rec == nullptr) return false;
-      int64_t dev;
-      if (!int_attr(rec, s_device, &dev)) return false;
-      if (device < 0) device = long(dev);
-      else if (dev != device) return false;
-      ptrs.push_back(ptr);
-      if (PyList_Append(recs, rec) != 0) return false;
-    } else {
-      rec = PyList_GET_ITEM(recs, idx);
-    }
-    int64_t numel;
-    if (!int_attr(rec, s_numel, &numel)) return false;
-    PyObject* dtype = PyObject_GetAttr(rec, s_dtype);
-    if (dtype == nullptr) return false;
-    int64_t code = dtype_code(dtype);
-    Py_DECREF(dtype);
-    if (code < 0) return false;
-    PyObject* value = PyObject_GetAttr(rec, s_value);
-    if (value == nullptr) return false;
-    bool uninit = value == Py_None;
-    Py_DECREF(value);
-    auto sizes = t.sizes();
-    auto strides = t.strides();
-    int64_t n = int64_t(sizes.size());
-    sig.push_back(int64_t(idx));
-    sig.push_back(int64_t(t.scalar_type()));
-    sig.push_back(n);
-    sig.insert(sig.end(), sizes.begin(), sizes.end());
-    sig.insert(sig.end(), strides.begin(), strides.end());
-    sig.push_back(t.storage_offset());
-    sig.push_back(numel);
-    sig.push_back(code);
-    sig.push_back(int64_t(uninit) | int64_t(t.is_conj()) << 1 | int64_t(t.is_neg()) << 2);
-    return true;
-  }
-
-  bool tensor_list(PyObject* o) {
-    if (!PyList_Check(o) && !PyTuple_Check(o)) return false;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
-    PyObject** items = PySequence_Fast_ITEMS(o);
-    sig.push_back(-20);
-    sig.push_back(n);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (items[i] == Py_None) sig.push_back(-10);
-      else if (!tensor(items[i])) return false;
-    }
-    return true;
-  }
-
-  // A value that is part of the key as itself (lists as tuples), as _hashable does.
-  bool other(PyObject* o) {
-    if (PyList_Check(o)) {
-      Py_ssize_t n = PyList_GET_SIZE(o);
-      PyObject* tup = PyTuple_New(n);
-      if (tup == nullptr) return false;
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* x = PyList_GET_ITEM(o, i);
-        if (PyList_Check(x) || THPDevice_Check(x) || THPVariable_Check(x)) {
-          Py_DECREF(tup);
-          return false;
-        }
-        Py_INCREF(x);
-        PyTuple_SET_ITEM(tup, i, x);
-      }
-      bool ok = PyObject_Hash(tup) != -1 && PyList_Append(extras, tup) == 0;
-      Py_DECREF(tup);
-      return ok;
-    }
-    if (THPDevice_Check(o) || THPVariable_Check(o)) return false;
-    return PyObject_Hash(o) != -1 && PyList_Append(extras, o) == 0;
-  }
-};
-
-PyObject* lookup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
-  if (argc != 4 || !PyTuple_Check(argv[0]) || !PyTuple_Check(argv[1])) {
-    PyErr_SetString(PyExc_TypeError, "lookup(plan, args, records, cache)");
-    return nullptr;
-  }
-  PyObject* plan = argv[0];
-  PyObject* args = argv[1];
-  PyObject* codes = PyTuple_GET_ITEM(plan, 1);
-  PyObject* defaults = PyTuple_GET_ITEM(plan, 2);
-  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-  if (nargs < PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 3)) ||
-      nargs > PyTuple_GET_SIZE(codes))
-    Py_RETURN_NONE;
-  thread_local KeyBuilder kb;
-  if (kb.busy) Py_RETURN_NONE;  // re-entered from a __hash__ or __eq__ of an argument
-  kb.busy = true;
-  kb.sig.clear();
-  kb.ptrs.clear();
-  kb.device = -1;
-  kb.records = argv[2];
-  kb.recs = PyList_New(0);
-  kb.dyn = PyList_New(0);
-  kb.extras = PyList_New(0);
-  PyObject* result = nullptr;
-  bool ok = kb.recs && kb.dyn && kb.extras;
-  try {
-    for (Py_ssize_t i = 0; ok && i < nargs; ++i) {
-      PyObject* v = PyTuple_GET_ITEM(args, i);
-      switch (PyLong_AsLong(PyTuple_GET_ITEM(codes, i))) {
-        case kTensor:
-          ok = kb.tensor(v);
-          break;
-        case kOptTensor:
-          if (v == Py_None) kb.sig.push_back(-10);
-          else ok = kb.tensor(v);
-          break;
-        case kTensorList:
-          ok = kb.tensor_list(v);
-          break;
-        case kStatic:
-          ok = PyObject_Hash(v) != -1 && PyList_Append(kb.extras, v) == 0;
-          break;
-        case kScalar: {  // the default by value, else a run-time number by type
-          PyObject* d = PyTuple_GET_ITEM(defaults, i);
-          int eq = Py_TYPE(v) == Py_TYPE(d) ? PyObject_RichCompareBool(v, d, Py_EQ) : 0;
-          if (eq < 0) ok = false;
-          else if (eq) ok = PyList_Append(kb.extras, v) == 0;
-          else ok = PyList_Append(kb.extras, reinterpret_cast<PyObject*>(Py_TYPE(v))) == 0 &&
-                    PyList_Append(kb.dyn, v) == 0;
-          break;
-        }
-        case kOther:
-          ok = kb.other(v);
-          break;
-        default:
-          ok = false;
-      }
-    }
-  } catch (const std::exception&) {
-    ok = false;
-  }
-  if (ok && kb.device >= 0) {
-    Py_ssize_t n_extras = PyList_GET_SIZE(kb.extras);
-    PyObject* key = PyTuple_New(4 + n_extras);
-    if (key != nullptr) {
-      Py_INCREF(PyTuple_GET_ITEM(plan, 0));
-      PyTuple_SET_ITEM(key, 0, PyTuple_GET_ITEM(plan, 0));
-      PyTuple_SET_ITEM(key, 1, PyLong_FromSsize_t(nargs));
-      PyTuple_SET_ITEM(key, 2, PyLong_FromLong(kb.device));
-      PyTuple_SET_ITEM(key, 3, PyBytes_FromStringAndSize(
-          reinterpret_cast<const char*>(kb.sig.data()), Py_ssize_t(kb.sig.size() * 8)));
-      for (Py_ssize_t i = 0; i < n_extras; ++i) {
-        PyObject* x = PyList_GET_ITEM(kb.extras, i);
-        Py_INCREF(x);
-        PyTuple_SET_ITEM(key, 4 + i, x);
-      }
-      PyObject* entry = PyDict_GetItemWithError(argv[3], key);  // borrowed
-      if (entry != nullptr) {
-        Py_ssize_t n_recs = PyList_GET_SIZE(kb.recs);
-        PyObject* values = PyTuple_New(n_recs);
-        for (Py_ssize_t i = 0; values != nullptr && i < n_recs; ++i) {
-          PyObject* v = PyObject_GetAttr(PyList_GET_ITEM(kb.recs, i), s_value);
-          if (v == nullptr) Py_CLEAR(values);
-          else PyTuple_SET_ITEM(values, i, v);
-        }
-        if (values != nullptr) {
-          result = PyTuple_Pack(5, entry, kb.recs, kb.dyn, PyTuple_GET_ITEM(key, 2), values);
-          Py_DECREF(values);
-        }
-      } else if (!PyErr_Occurred()) {
-        result = PyTuple_Pack(2, Py_None, key);
-      }
-      Py_DECREF(key);
-    }
-  }
-  Py_XDECREF(kb.recs);
-  Py_XDECREF(kb.dyn);
-  Py_XDECREF(kb.extras);
-  kb.busy = false;
-  if (result == nullptr) {
-    PyErr_Clear();  // the Python key handles it (and raises its errors)
-    Py_RETURN_NONE;
-  }
-  return result;
-}
-
-// new_tensor(shape, stride, dtype, device, record, records): a tensor on a new storage,
-// filed in the storage table under its handle. empty_strided for the executor's outputs.
-bool int_tuple(PyObject* o, c10::SmallVector<int64_t, 8>& out) {
-  if (!PyTuple_Check(o) && !PyList_Check(o)) return false;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
-  PyObject** items = PySequence_Fast_ITEMS(o);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    int64_t v = PyLong_AsLongLong(items[i]);
-    if (v == -1 && PyErr_Occurred()) return false;
-    out.push_back(v);
-  }
-  return true;
-}
-
-PyObject* new_tensor(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
-  HANDLE_TH_ERRORS
-  c10::SmallVector<int64_t, 8> size, stride;
-  TORCH_CHECK_TYPE(argc == 6 && int_tuple(argv[0], size) && int_tuple(argv[1], stride) &&
-                       THPDtype_Check(argv[2]) && PyLong_Check(argv[3]) && PyDict_Check(argv[5]),
-                   "new_tensor(shape, stride, dtype, device: int, record, records)");
-  auto dtype = reinterpret_cast<THPDtype*>(argv[2])->scalar_type;
-  auto index = c10::DeviceIndex(PyLong_AsLong(argv[3]));
+at::Tensor torch_pjrt::empty_pjrt(c10::IntArrayRef size, c10::IntArrayRef stride,
+                                  c10::ScalarType dtype, int index) {
   c10::DeviceIndex old = current_device;
-  current_device = check_index(index);
-  at::Tensor t;
+  current_device = check_index(c10::DeviceIndex(index));
   try {
-    t = at::detail::empty_strided_generic(
+    auto t = at::detail::empty_strided_generic(
         size, stride, &allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+    current_device = old;
+    return t;
   } catch (...) {
     current_device = old;
     throw;
   }
-  current_device = old;
-  PyObject* key = PyLong_FromSize_t(reinterpret_cast<uintptr_t>(t.storage().data()));
-  if (key == nullptr) return nullptr;
-  int err = PyDict_SetItem(argv[5], key, argv[4]);
-  Py_DECREF(key);
-  if (err != 0) return nullptr;
-  return THPVariable_Wrap(std::move(t));
-  END_HANDLE_TH_ERRORS
 }
-
-PyMethodDef fast_methods[] = {
-    {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&new_tensor)),
-     METH_FASTCALL, "A tensor on a new storage, filed in the storage table (see shim.cpp)."},
-    {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&lookup)), METH_FASTCALL,
-     "The op cache entry of a call (see shim.cpp)."},
-    {nullptr, nullptr, 0, nullptr}};
-
-}  // namespace
 
 namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &sdp_choice)
@@ -661,9 +370,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       out[name] = py::capsule(handler, "xla._CUSTOM_CALL_TARGET");
     return out;
   });
-  s_numel = PyUnicode_InternFromString("numel");
-  s_dtype = PyUnicode_InternFromString("dtype");
-  s_value = PyUnicode_InternFromString("value");
-  s_device = PyUnicode_InternFromString("device");
-  if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) throw py::error_already_set();
+  torch_pjrt::add_op_kernel(m);
 }

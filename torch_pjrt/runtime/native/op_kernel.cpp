@@ -1,0 +1,778 @@
+// torch-pjrt's op hit path in C++: the op cache key of a call, and the PrivateUse1
+// kernel of every lowered op. A call whose signature is cached and whose op returns
+// one fresh tensor is recorded into the pending fused graph here, without running
+// Python code; every other call goes on to eager/executor.py (native_call), which
+// owns the executor's logic. The objects built here (graph.Node, graph.Lazy,
+// table.StorageRecord) are the Python classes', their __slots__ filled directly.
+
+#include <Python.h>
+#include <structmember.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <vector>
+
+#include "shim.h"
+
+namespace py = pybind11;
+
+namespace torch_pjrt {
+namespace {
+
+// ------------------------------------------------------------ slotted objects
+// A Python class with __slots__: where each named slot lives in its instances.
+struct Slots {
+  PyTypeObject* type = nullptr;
+  std::vector<Py_ssize_t> offset;
+
+  void init(py::handle cls, std::initializer_list<const char*> names) {
+    type = reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr());
+    offset.clear();
+    for (const char* name : names) {
+      py::object d = cls.attr(name);
+      TORCH_CHECK(Py_TYPE(d.ptr()) == &PyMemberDescr_Type, "pjrt: ", name,
+                  " is not a __slots__ member of ", type->tp_name);
+      offset.push_back(reinterpret_cast<PyMemberDescrObject*>(d.ptr())->d_member->offset);
+    }
+  }
+  bool is(PyObject* o) const { return type != nullptr && Py_TYPE(o) == type; }
+  // Borrowed; null where the slot is unset.
+  PyObject* get(PyObject* o, int i) const {
+    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset[size_t(i)]);
+  }
+  // Steals `v`.
+  void put(PyObject* o, int i, PyObject* v) const {
+    auto** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset[size_t(i)]);
+    PyObject* old = *p;
+    *p = v;
+    Py_XDECREF(old);
+  }
+  PyObject* make() const { return type->tp_alloc(type, 0); }
+};
+
+enum { kNodeEntry, kNodeInputs, kNodeDyn, kNodePosition };
+enum { kLazyNode, kLazyIndex, kLazyShape, kLazyDtype };
+enum { kRecValue, kRecDtype, kRecNumel, kRecNbytes, kRecDevice };
+enum { kEntrySingle, kEntryAlone, kEntryOrdered, kEntryOrder, kEntryOuts, kEntryAvals };
+enum { kMemAllocated, kMemPeak, kMemAllocs, kMemSoftLimit };
+
+// What the kernel reads and writes of the Python side, set by configure().
+struct State {
+  PyObject* graph = nullptr;    // eager.graph's globals
+  PyObject* modes = nullptr;    // eager.modes's globals
+  PyObject* counts = nullptr;   // counters._counters
+  PyObject* devices = nullptr;  // memory._devices
+  PyObject* records = nullptr;  // table._records
+  PyObject* cache = nullptr;    // executor._cache
+  PyObject* call = nullptr;     // executor.native_call(spec, found, values)
+  PyObject* flush_due = nullptr;  // graph.flush_due()
+  Slots node, lazy, rec, entry, mem;
+};
+State S;
+bool configured = false;
+
+PyObject* s_numel = nullptr;
+PyObject* s_dtype = nullptr;
+PyObject* s_value = nullptr;
+PyObject* s_device = nullptr;
+PyObject* s_fused = nullptr;
+PyObject* s_debug = nullptr;
+PyObject* s_nodes = nullptr;
+PyObject* s_graph_device = nullptr;
+PyObject* s_pending = nullptr;
+PyObject* s_due = nullptr;
+PyObject* s_max_ops = nullptr;
+PyObject* s_cache_hits = nullptr;
+
+// A storage record's attribute (new reference): its slot where it is a StorageRecord.
+PyObject* rec_attr(PyObject* rec, int slot, PyObject* name) {
+  if (S.rec.is(rec)) {
+    PyObject* v = S.rec.get(rec, slot);
+    if (v != nullptr) {
+      Py_INCREF(v);
+      return v;
+    }
+  }
+  return PyObject_GetAttr(rec, name);
+}
+
+// ------------------------------------------------------------ op cache key
+// The cache key of a call built from the arguments' metadata (what executor.py's _key
+// reads, packed into bytes), looked up in the op cache:
+//   (entry, recs, dyn, device, values)  on a hit: the storage records in argument
+//                               order, the run-time numbers, the device, the
+//                               records' values;
+//   (None, key)                 on a miss: the key to file the entry under;
+//   None                        when the call needs the executor's Python key
+//                               (an argument kind or value this does not cover).
+// plan = (token, codes, defaults, min_args): one code per schema argument. The key
+// of a call from Python (lookup) and that of a call from the dispatcher (the kernel,
+// every argument present) differ in their argument count's sign, so each finds the
+// entries filed under its own.
+enum ArgCode : long { kTensor = 0, kOptTensor = 1, kTensorList = 2, kStatic = 3,
+                      kScalar = 4, kOther = 5 };
+
+std::vector<PyObject*> dtype_codes;  // storage dtypes seen (strong references)
+
+struct KeyBuilder {
+  std::vector<int64_t> sig;
+  std::vector<uintptr_t> ptrs;
+  PyObject* records = nullptr;  // borrowed: the storage table
+  PyObject* recs = nullptr;     // new list
+  PyObject* dyn = nullptr;      // new list
+  PyObject* extras = nullptr;   // new list: values that are part of the key as objects
+  long device = -1;
+  bool busy = false;
+
+  // A storage attribute that is a small int; false on anything else.
+  static bool int_attr(PyObject* rec, int slot, PyObject* name, int64_t* out) {
+    PyObject* v = rec_attr(rec, slot, name);
+    if (v == nullptr) return false;
+    int overflow = 0;
+    *out = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
+    bool ok = PyLong_Check(v) && !overflow && !PyErr_Occurred();
+    Py_DECREF(v);
+    return ok;
+  }
+
+  static int64_t dtype_code(PyObject* dtype) {
+    for (size_t i = 0; i < dtype_codes.size(); ++i)
+      if (dtype_codes[i] == dtype) return int64_t(i);
+    if (dtype_codes.size() >= 256) return -1;
+    Py_INCREF(dtype);
+    dtype_codes.push_back(dtype);
+    return int64_t(dtype_codes.size() - 1);
+  }
+
+  bool number(PyObject* o) {
+    PyTypeObject* tp = Py_TYPE(o);
+    int64_t code;
+    if (tp == &PyFloat_Type) code = -1;
+    else if (tp == &PyLong_Type) code = -2;
+    else if (tp == &PyBool_Type) code = -3;
+    else if (tp == &PyComplex_Type) code = -4;
+    else return false;
+    sig.push_back(code);
+    return PyList_Append(dyn, o) == 0;
+  }
+
+  bool tensor(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kPjrt || !t.has_storage() || t.is_sparse())
+      return false;
+    uintptr_t ptr = reinterpret_cast<uintptr_t>(t.storage().data());
+    size_t idx = 0;
+    while (idx < ptrs.size() && ptrs[idx] != ptr) ++idx;
+    PyObject* rec;
+    if (idx == ptrs.size()) {
+      PyObject* key = PyLong_FromSize_t(ptr);
+      if (key == nullptr) return false;
+      rec = PyDict_GetItemWithError(records, key);  // borrowed
+      Py_DECREF(key);
+      if (rec == nullptr) return false;
+      int64_t dev;
+      if (!int_attr(rec, kRecDevice, s_device, &dev)) return false;
+      if (device < 0) device = long(dev);
+      else if (dev != device) return false;
+      ptrs.push_back(ptr);
+      if (PyList_Append(recs, rec) != 0) return false;
+    } else {
+      rec = PyList_GET_ITEM(recs, idx);
+    }
+    int64_t numel;
+    if (!int_attr(rec, kRecNumel, s_numel, &numel)) return false;
+    PyObject* dtype = rec_attr(rec, kRecDtype, s_dtype);
+    if (dtype == nullptr) return false;
+    int64_t code = dtype_code(dtype);
+    Py_DECREF(dtype);
+    if (code < 0) return false;
+    PyObject* value = rec_attr(rec, kRecValue, s_value);
+    if (value == nullptr) return false;
+    bool uninit = value == Py_None;
+    Py_DECREF(value);
+    auto sizes = t.sizes();
+    auto strides = t.strides();
+    int64_t n = int64_t(sizes.size());
+    sig.push_back(int64_t(idx));
+    sig.push_back(int64_t(t.scalar_type()));
+    sig.push_back(n);
+    sig.insert(sig.end(), sizes.begin(), sizes.end());
+    sig.insert(sig.end(), strides.begin(), strides.end());
+    sig.push_back(t.storage_offset());
+    sig.push_back(numel);
+    sig.push_back(code);
+    sig.push_back(int64_t(uninit) | int64_t(t.is_conj()) << 1 | int64_t(t.is_neg()) << 2);
+    return true;
+  }
+
+  // A Python argument where the schema has a Tensor: a pjrt tensor, else a number.
+  bool tensor(PyObject* o) {
+    if (!THPVariable_Check(o)) return number(o);
+    return tensor(THPVariable_Unpack(o));
+  }
+
+  bool tensor_list(PyObject* o) {
+    if (!PyList_Check(o) && !PyTuple_Check(o)) return false;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject** items = PySequence_Fast_ITEMS(o);
+    sig.push_back(-20);
+    sig.push_back(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (items[i] == Py_None) sig.push_back(-10);
+      else if (!tensor(items[i])) return false;
+    }
+    return true;
+  }
+
+  bool tensor_list(const c10::IValue& v) {
+    if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      sig.push_back(-20);
+      sig.push_back(int64_t(list.size()));
+      for (const at::Tensor& t : list)
+        if (!tensor(t)) return false;
+      return true;
+    }
+    if (!v.isList()) return false;
+    auto list = v.toListRef();
+    sig.push_back(-20);
+    sig.push_back(int64_t(list.size()));
+    for (const c10::IValue& x : list) {
+      if (x.isNone()) sig.push_back(-10);
+      else if (!x.isTensor() || !tensor(x.toTensor())) return false;
+    }
+    return true;
+  }
+
+  // A value that is part of the key as itself (lists as tuples), as _hashable does.
+  bool other(PyObject* o) {
+    if (PyList_Check(o)) {
+      Py_ssize_t n = PyList_GET_SIZE(o);
+      PyObject* tup = PyTuple_New(n);
+      if (tup == nullptr) return false;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* x = PyList_GET_ITEM(o, i);
+        if (PyList_Check(x) || THPDevice_Check(x) || THPVariable_Check(x)) {
+          Py_DECREF(tup);
+          return false;
+        }
+        Py_INCREF(x);
+        PyTuple_SET_ITEM(tup, i, x);
+      }
+      bool ok = PyObject_Hash(tup) != -1 && PyList_Append(extras, tup) == 0;
+      Py_DECREF(tup);
+      return ok;
+    }
+    if (THPDevice_Check(o) || THPVariable_Check(o)) return false;
+    return PyObject_Hash(o) != -1 && PyList_Append(extras, o) == 0;
+  }
+
+  // A Scalar argument: the default by value, else a run-time number by type.
+  bool scalar(PyObject* v, PyObject* d) {
+    int eq = Py_TYPE(v) == Py_TYPE(d) ? PyObject_RichCompareBool(v, d, Py_EQ) : 0;
+    if (eq < 0) return false;
+    if (eq) return PyList_Append(extras, v) == 0;
+    return PyList_Append(extras, reinterpret_cast<PyObject*>(Py_TYPE(v))) == 0 &&
+           PyList_Append(dyn, v) == 0;
+  }
+
+  // A static argument: by value, its type alongside (1, 1.0 and True hash alike).
+  bool fixed(PyObject* v) {
+    return PyObject_Hash(v) != -1 && PyList_Append(extras, v) == 0 &&
+           PyList_Append(extras, reinterpret_cast<PyObject*>(Py_TYPE(v))) == 0;
+  }
+
+  bool start(PyObject* table) {
+    sig.clear();
+    ptrs.clear();
+    device = -1;
+    records = table;
+    recs = PyList_New(0);
+    dyn = PyList_New(0);
+    extras = PyList_New(0);
+    return recs && dyn && extras;
+  }
+
+  // The lookup's answer (see above); null with an exception set where it failed.
+  PyObject* finish(PyObject* plan, Py_ssize_t nargs, PyObject* cache) {
+    PyObject* result = nullptr;
+    Py_ssize_t n_extras = PyList_GET_SIZE(extras);
+    PyObject* key = PyTuple_New(4 + n_extras);
+    if (key == nullptr) return nullptr;
+    Py_INCREF(PyTuple_GET_ITEM(plan, 0));
+    PyTuple_SET_ITEM(key, 0, PyTuple_GET_ITEM(plan, 0));
+    PyTuple_SET_ITEM(key, 1, PyLong_FromSsize_t(nargs));
+    PyTuple_SET_ITEM(key, 2, PyLong_FromLong(device));
+    PyTuple_SET_ITEM(key, 3, PyBytes_FromStringAndSize(
+        reinterpret_cast<const char*>(sig.data()), Py_ssize_t(sig.size() * 8)));
+    for (Py_ssize_t i = 0; i < n_extras; ++i) {
+      PyObject* x = PyList_GET_ITEM(extras, i);
+      Py_INCREF(x);
+      PyTuple_SET_ITEM(key, 4 + i, x);
+    }
+    PyObject* entry = PyDict_GetItemWithError(cache, key);  // borrowed
+    if (entry != nullptr) {
+      Py_ssize_t n_recs = PyList_GET_SIZE(recs);
+      PyObject* values = PyTuple_New(n_recs);
+      for (Py_ssize_t i = 0; values != nullptr && i < n_recs; ++i) {
+        PyObject* v = rec_attr(PyList_GET_ITEM(recs, i), kRecValue, s_value);
+        if (v == nullptr) Py_CLEAR(values);
+        else PyTuple_SET_ITEM(values, i, v);
+      }
+      if (values != nullptr) {
+        result = PyTuple_Pack(5, entry, recs, dyn, PyTuple_GET_ITEM(key, 2), values);
+        Py_DECREF(values);
+      }
+    } else if (!PyErr_Occurred()) {
+      result = PyTuple_Pack(2, Py_None, key);
+    }
+    Py_DECREF(key);
+    return result;
+  }
+
+  void end() {
+    Py_CLEAR(recs);
+    Py_CLEAR(dyn);
+    Py_CLEAR(extras);
+    busy = false;
+  }
+};
+
+thread_local KeyBuilder kb;
+
+// lookup(plan, args, records, cache): the key of a call made from Python (positional
+// arguments only), see above.
+PyObject* lookup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 4 || !PyTuple_Check(argv[0]) || !PyTuple_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "lookup(plan, args, records, cache)");
+    return nullptr;
+  }
+  PyObject* plan = argv[0];
+  PyObject* args = argv[1];
+  PyObject* codes = PyTuple_GET_ITEM(plan, 1);
+  PyObject* defaults = PyTuple_GET_ITEM(plan, 2);
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  if (nargs < PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 3)) ||
+      nargs > PyTuple_GET_SIZE(codes))
+    Py_RETURN_NONE;
+  if (kb.busy) Py_RETURN_NONE;  // re-entered from a __hash__ or __eq__ of an argument
+  kb.busy = true;
+  PyObject* result = nullptr;
+  bool ok = kb.start(argv[2]);
+  try {
+    for (Py_ssize_t i = 0; ok && i < nargs; ++i) {
+      PyObject* v = PyTuple_GET_ITEM(args, i);
+      switch (PyLong_AsLong(PyTuple_GET_ITEM(codes, i))) {
+        case kTensor: ok = kb.tensor(v); break;
+        case kOptTensor:
+          if (v == Py_None) kb.sig.push_back(-10);
+          else ok = kb.tensor(v);
+          break;
+        case kTensorList: ok = kb.tensor_list(v); break;
+        case kStatic: ok = kb.fixed(v); break;
+        case kScalar: ok = kb.scalar(v, PyTuple_GET_ITEM(defaults, i)); break;
+        case kOther: ok = kb.other(v); break;
+        default: ok = false;
+      }
+    }
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  if (ok && kb.device >= 0) result = kb.finish(plan, nargs, argv[3]);
+  kb.end();
+  if (result == nullptr) {
+    PyErr_Clear();  // the Python key handles it (and raises its errors)
+    Py_RETURN_NONE;
+  }
+  return result;
+}
+
+// --------------------------------------------------------- arguments as Python
+// A Python number PyTorch wrapped as a CPU tensor (`x * 2.5`) as that number again, as a
+// Python kernel gets it; null (no exception) for any other tensor.
+PyObject* wrapped_number(const at::Tensor& t) {
+  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || t.is_cuda()) return nullptr;
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Double: return PyFloat_FromDouble(*t.const_data_ptr<double>());
+    case c10::ScalarType::Long: return PyLong_FromLongLong(*t.const_data_ptr<int64_t>());
+    case c10::ScalarType::Bool: return PyBool_FromLong(*t.const_data_ptr<bool>());
+    case c10::ScalarType::ComplexDouble: {
+      auto z = *t.const_data_ptr<c10::complex<double>>();
+      return PyComplex_FromDoubles(z.real(), z.imag());
+    }
+    default: return nullptr;
+  }
+}
+
+// A schema argument's value as the Python object a Python kernel gets (the dtype,
+// layout and memory format numbers as their torch objects).
+PyObject* to_python(const c10::IValue& v, const c10::Argument& arg) {
+  if (v.isNone()) Py_RETURN_NONE;
+  if (v.isTensor()) {
+    if (PyObject* number = wrapped_number(v.toTensor())) return number;
+  }
+  c10::TypePtr type = arg.real_type();
+  if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
+  switch (type->kind()) {
+    case c10::TypeKind::ScalarTypeType: {
+      PyObject* d = reinterpret_cast<PyObject*>(torch::getTHPDtype(v.toScalarType()));
+      Py_INCREF(d);
+      return d;
+    }
+    case c10::TypeKind::LayoutType: {
+      PyObject* l = reinterpret_cast<PyObject*>(torch::getTHPLayout(v.toLayout()));
+      Py_INCREF(l);
+      return l;
+    }
+    case c10::TypeKind::MemoryFormatType: {
+      PyObject* m = torch::utils::getTHPMemoryFormat(v.toMemoryFormat());
+      Py_INCREF(m);
+      return m;
+    }
+    default:
+      return torch::jit::toPyObject(v).release().ptr();
+  }
+}
+
+// ---------------------------------------------------------------- recording
+bool flag(PyObject* globals, PyObject* name) {
+  return PyDict_GetItemWithError(globals, name) == Py_True;
+}
+
+// graph.record_single() of a cached op whose one fresh result is the call's return:
+// false (nothing changed) where the Python side must do it (a graph pending for
+// another device, memory near its limit, an entry of an unexpected shape).
+bool record_single(PyObject* entry, PyObject* recs, PyObject* dyn, long device,
+                   PyObject* values, at::Tensor* out) {
+  PyObject* graph_device = PyDict_GetItemWithError(S.graph, s_graph_device);
+  if (graph_device == nullptr) return false;
+  if (graph_device != Py_None && PyLong_AsLong(graph_device) != device) return false;
+  PyObject* outs = S.entry.get(entry, kEntryOuts);
+  PyObject* avals = S.entry.get(entry, kEntryAvals);
+  PyObject* order = S.entry.get(entry, kEntryOrder);
+  PyObject* ordered = S.entry.get(entry, kEntryOrdered);
+  if (!outs || !avals || !order || !ordered || !PyList_Check(outs) || !PyList_Check(avals) ||
+      PyList_GET_SIZE(outs) != 1 || PyList_GET_SIZE(avals) != 1 || !PyList_Check(order))
+    return false;
+  PyObject* o = PyList_GET_ITEM(outs, 0);  // (shape, stride, dtype, jax dtype, nbytes)
+  PyObject* aval = PyList_GET_ITEM(avals, 0);  // ((numel,), jax dtype)
+  if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 5 || !PyTuple_Check(aval) ||
+      PyTuple_GET_SIZE(aval) != 2 || !THPDtype_Check(PyTuple_GET_ITEM(o, 2)))
+    return false;
+  PyObject* flat = PyTuple_GET_ITEM(aval, 0);
+  if (!PyTuple_Check(flat) || PyTuple_GET_SIZE(flat) != 1) return false;
+  c10::SmallVector<int64_t, 8> size, stride;
+  for (int k = 0; k < 2; ++k) {
+    PyObject* seq = PyTuple_GET_ITEM(o, k);
+    if (!PyTuple_Check(seq)) return false;
+    auto& dst = k == 0 ? size : stride;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq); ++i) {
+      int64_t x = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+      if (x == -1 && PyErr_Occurred()) return false;
+      dst.push_back(x);
+    }
+  }
+  int64_t nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 4));
+  if (nbytes == -1 && PyErr_Occurred()) return false;
+  // The memory account: near the limit the Python side asks for the graph to run.
+  py::object dev = py::reinterpret_steal<py::object>(PyLong_FromLong(device));
+  PyObject* mem = dev ? PyDict_GetItemWithError(S.devices, dev.ptr()) : nullptr;
+  if (mem == nullptr || !S.mem.is(mem)) return false;
+  int64_t allocated = PyLong_AsLongLong(S.mem.get(mem, kMemAllocated));
+  int64_t soft_limit = PyLong_AsLongLong(S.mem.get(mem, kMemSoftLimit));
+  int64_t peak = PyLong_AsLongLong(S.mem.get(mem, kMemPeak));
+  int64_t allocs = PyLong_AsLongLong(S.mem.get(mem, kMemAllocs));
+  if (PyErr_Occurred()) return false;
+  int64_t total = allocated + nbytes;
+  if (total > soft_limit) return false;
+  PyObject* nodes = PyDict_GetItemWithError(S.graph, s_nodes);
+  PyObject* max_ops = PyDict_GetItemWithError(S.graph, s_max_ops);
+  if (nodes == nullptr || !PyList_CheckExact(nodes) || max_ops == nullptr) return false;
+  Py_ssize_t cap = PyLong_AsSsize_t(max_ops);
+  if (cap == -1 && PyErr_Occurred()) return false;
+
+  // The node's inputs: the records' values in the entry's argument order.
+  py::object inputs;
+  if (ordered == Py_True) {
+    inputs = py::reinterpret_borrow<py::object>(values);
+  } else {
+    Py_ssize_t n = PyList_GET_SIZE(order);
+    inputs = py::reinterpret_steal<py::object>(PyList_New(n));
+    if (!inputs) return false;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      Py_ssize_t idx = PyLong_AsSsize_t(PyList_GET_ITEM(order, i));
+      if (idx < 0 || idx >= PyTuple_GET_SIZE(values)) return false;
+      PyObject* v = PyTuple_GET_ITEM(values, idx);
+      Py_INCREF(v);
+      PyList_SET_ITEM(inputs.ptr(), i, v);
+    }
+  }
+  Py_ssize_t position = PyList_GET_SIZE(nodes);
+  py::object node = py::reinterpret_steal<py::object>(S.node.make());
+  py::object lazy = py::reinterpret_steal<py::object>(S.lazy.make());
+  py::object rec = py::reinterpret_steal<py::object>(S.rec.make());
+  PyObject* pos = PyLong_FromSsize_t(position);
+  if (!node || !lazy || !rec || !pos) {
+    Py_XDECREF(pos);
+    return false;
+  }
+  S.node.put(node.ptr(), kNodeEntry, py::reinterpret_borrow<py::object>(entry).release().ptr());
+  S.node.put(node.ptr(), kNodeInputs, inputs.release().ptr());
+  S.node.put(node.ptr(), kNodeDyn, py::reinterpret_borrow<py::object>(dyn).release().ptr());
+  S.node.put(node.ptr(), kNodePosition, pos);
+  S.lazy.put(lazy.ptr(), kLazyNode, py::object(node).release().ptr());
+  S.lazy.put(lazy.ptr(), kLazyIndex, PyLong_FromLong(0));
+  PyObject* jdtype = PyTuple_GET_ITEM(aval, 1);
+  Py_INCREF(flat);
+  S.lazy.put(lazy.ptr(), kLazyShape, flat);
+  Py_INCREF(jdtype);
+  S.lazy.put(lazy.ptr(), kLazyDtype, jdtype);
+  S.rec.put(rec.ptr(), kRecValue, py::object(lazy).release().ptr());
+  Py_INCREF(jdtype);
+  S.rec.put(rec.ptr(), kRecDtype, jdtype);
+  PyObject* numel = PyTuple_GET_ITEM(flat, 0);
+  Py_INCREF(numel);
+  S.rec.put(rec.ptr(), kRecNumel, numel);
+  PyObject* nb = PyTuple_GET_ITEM(o, 4);
+  Py_INCREF(nb);
+  S.rec.put(rec.ptr(), kRecNbytes, nb);
+  S.rec.put(rec.ptr(), kRecDevice, py::object(dev).release().ptr());
+
+  auto dtype = reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(o, 2))->scalar_type;
+  at::Tensor t = empty_pjrt(size, stride, dtype, int(device));  // may throw: nothing filed yet
+  py::object handle = py::reinterpret_steal<py::object>(
+      PyLong_FromSize_t(reinterpret_cast<uintptr_t>(t.storage().data())));
+  if (!handle || PyDict_SetItem(S.records, handle.ptr(), rec.ptr()) != 0)
+    throw py::error_already_set();
+  // From here on the storage is in the table: account for it before anything can fail.
+  S.mem.put(mem, kMemAllocated, PyLong_FromLongLong(total));
+  S.mem.put(mem, kMemAllocs, PyLong_FromLongLong(allocs + 1));
+  if (total > peak) S.mem.put(mem, kMemPeak, PyLong_FromLongLong(total));
+  if (PyList_Append(nodes, node.ptr()) != 0 ||
+      PyDict_SetItem(S.graph, s_pending, Py_True) != 0 ||
+      (graph_device == Py_None && PyDict_SetItem(S.graph, s_graph_device, dev.ptr()) != 0) ||
+      (position + 1 >= cap && PyDict_SetItem(S.graph, s_due, Py_True) != 0))
+    throw py::error_already_set();
+  PyObject* hits = PyDict_GetItemWithError(S.counts, s_cache_hits);
+  if (hits != nullptr) {
+    py::object more = py::reinterpret_steal<py::object>(
+        PyNumber_Add(hits, py::int_(1).ptr()));
+    if (!more || PyDict_SetItem(S.counts, s_cache_hits, more.ptr()) != 0)
+      throw py::error_already_set();
+  }
+  *out = std::move(t);
+  return true;
+}
+
+// ------------------------------------------------------------------ the kernel
+// The PrivateUse1 kernel of one lowered op.
+struct OpKernel final : c10::OperatorKernel {
+  PyObject* spec;  // opspec.OpSpec (strong references, never released: ops live forever)
+  PyObject* plan;  // spec.plan
+
+  OpKernel(py::object s, py::object p) : spec(s.release().ptr()), plan(p.release().ptr()) {}
+
+  // The key of the call's arguments (every schema argument, from the stack).
+  PyObject* find(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+    PyObject* codes = PyTuple_GET_ITEM(plan, 1);
+    PyObject* defaults = PyTuple_GET_ITEM(plan, 2);
+    Py_ssize_t n = Py_ssize_t(args.size());
+    if (n != PyTuple_GET_SIZE(codes) || kb.busy) return nullptr;
+    kb.busy = true;
+    PyObject* result = nullptr;
+    bool ok = kb.start(S.records);
+    try {
+      for (Py_ssize_t i = 0; ok && i < n; ++i) {
+        const c10::IValue& v = args[size_t(i)];
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
+        if (code == kTensor || code == kOptTensor) {
+          if (code == kOptTensor && (v.isNone() || (v.isTensor() && !v.toTensor().defined()))) {
+            kb.sig.push_back(-10);
+          } else if (!v.isTensor()) {
+            ok = false;
+          } else if (PyObject* number = wrapped_number(v.toTensor())) {
+            ok = kb.number(number);
+            Py_DECREF(number);
+          } else {
+            ok = kb.tensor(v.toTensor());
+          }
+        } else if (code == kTensorList) {
+          ok = kb.tensor_list(v);
+        } else if (code == kStatic || code == kScalar || code == kOther) {
+          if (v.isTensor() || v.isTensorList() || v.isGenerator() || v.isDevice()) {
+            ok = false;
+            break;
+          }
+          py::object o = py::reinterpret_steal<py::object>(
+              to_python(v, schema.arguments()[size_t(i)]));
+          if (!o) ok = false;
+          else if (code == kStatic) ok = kb.fixed(o.ptr());
+          else if (code == kScalar) ok = kb.scalar(o.ptr(), PyTuple_GET_ITEM(defaults, i));
+          else ok = kb.other(o.ptr());
+        } else {
+          ok = false;
+        }
+      }
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (ok && kb.device >= 0) result = kb.finish(plan, -n, S.cache);
+    kb.end();
+    if (result == nullptr) PyErr_Clear();  // the Python key handles it
+    return result;
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    size_t n = schema.arguments().size();
+    auto args = torch::jit::last(*stack, n);
+    py::gil_scoped_acquire gil;
+    py::object found = py::none();
+    if (!flag(S.modes, s_debug)) {
+      PyObject* hit = find(schema, args);
+      if (hit != nullptr) found = py::reinterpret_steal<py::object>(hit);
+      PyObject* entry = hit != nullptr ? PyTuple_GET_ITEM(hit, 0) : nullptr;
+      if (entry != nullptr && PyTuple_GET_SIZE(hit) == 5 && S.entry.is(entry) &&
+          flag(S.modes, s_fused) && S.entry.get(entry, kEntrySingle) == Py_True &&
+          S.entry.get(entry, kEntryAlone) == Py_False) {
+        at::Tensor out;
+        if (record_single(entry, PyTuple_GET_ITEM(hit, 1), PyTuple_GET_ITEM(hit, 2),
+                          PyLong_AsLong(PyTuple_GET_ITEM(hit, 3)), PyTuple_GET_ITEM(hit, 4),
+                          &out)) {
+          torch::jit::drop(*stack, n);
+          stack->emplace_back(std::move(out));
+          if (flag(S.graph, s_due)) {
+            PyObject* r = PyObject_CallNoArgs(S.flush_due);
+            if (r == nullptr) throw py::error_already_set();
+            Py_DECREF(r);
+          }
+          return;
+        }
+        if (PyErr_Occurred()) throw py::error_already_set();
+      }
+    }
+    if (PyErr_Occurred()) throw py::error_already_set();
+    // Everything else: the executor's Python code, with every argument by position.
+    py::tuple values(n);
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* v = to_python(args[i], schema.arguments()[i]);
+      if (v == nullptr) throw py::error_already_set();
+      PyTuple_SET_ITEM(values.ptr(), Py_ssize_t(i), v);
+    }
+    PyObject* r = PyObject_CallFunctionObjArgs(S.call, spec, found.ptr(), values.ptr(), nullptr);
+    if (r == nullptr) throw py::error_already_set();
+    py::object result = py::reinterpret_steal<py::object>(r);
+    torch::jit::drop(*stack, n);
+    const auto& returns = schema.returns();
+    if (returns.size() == 1) {
+      stack->push_back(torch::jit::toIValue(result, returns[0].real_type()));
+    } else if (returns.size() > 1) {
+      py::tuple items = result.cast<py::tuple>();
+      TORCH_CHECK(items.size() == returns.size(), "pjrt: ", schema.name(), " returned ",
+                  items.size(), " values, its schema has ", returns.size());
+      for (size_t i = 0; i < returns.size(); ++i)
+        stack->push_back(torch::jit::toIValue(items[i], returns[i].real_type()));
+    }
+  }
+};
+
+// register_op_kernels(namespace, [(name, spec), ...]): the kernel above for each op.
+void register_op_kernels(const std::string& ns, const std::vector<std::pair<std::string, py::object>>& ops) {
+  TORCH_CHECK(configured, "pjrt: configure_op_kernel() first");
+  auto* lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1,
+                                 __FILE__, __LINE__);  // lives as long as the process
+  for (const auto& [name, spec] : ops) {
+    lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                std::make_unique<OpKernel>(spec, spec.attr("plan"))));
+  }
+}
+
+void configure(py::dict graph, py::dict modes, py::dict counts, py::dict devices,
+               py::dict records, py::dict cache, py::object call, py::object flush_due,
+               py::handle node, py::handle lazy, py::handle rec, py::handle entry,
+               py::handle mem) {
+  S.graph = graph.release().ptr();
+  S.modes = modes.release().ptr();
+  S.counts = counts.release().ptr();
+  S.devices = devices.release().ptr();
+  S.records = records.release().ptr();
+  S.cache = cache.release().ptr();
+  S.call = call.release().ptr();
+  S.flush_due = flush_due.release().ptr();
+  S.node.init(node, {"entry", "inputs", "dyn", "position"});
+  S.lazy.init(lazy, {"node", "index", "shape", "dtype"});
+  S.rec.init(rec, {"value", "dtype", "numel", "nbytes", "device"});
+  S.entry.init(entry, {"single", "alone", "ordered", "order", "outs", "result_avals"});
+  S.mem.init(mem, {"allocated", "peak", "allocs", "soft_limit"});
+  configured = true;
+}
+
+// new_tensor(shape, stride, dtype, device, record, records): a tensor on a new storage,
+// filed in the storage table under its handle. empty_strided for the executor's outputs.
+bool int_tuple(PyObject* o, c10::SmallVector<int64_t, 8>& out) {
+  if (!PyTuple_Check(o) && !PyList_Check(o)) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int64_t v = PyLong_AsLongLong(items[i]);
+    if (v == -1 && PyErr_Occurred()) return false;
+    out.push_back(v);
+  }
+  return true;
+}
+
+PyObject* new_tensor(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  HANDLE_TH_ERRORS
+  c10::SmallVector<int64_t, 8> size, stride;
+  TORCH_CHECK_TYPE(argc == 6 && int_tuple(argv[0], size) && int_tuple(argv[1], stride) &&
+                       THPDtype_Check(argv[2]) && PyLong_Check(argv[3]) && PyDict_Check(argv[5]),
+                   "new_tensor(shape, stride, dtype, device: int, record, records)");
+  auto dtype = reinterpret_cast<THPDtype*>(argv[2])->scalar_type;
+  at::Tensor t = empty_pjrt(size, stride, dtype, int(PyLong_AsLong(argv[3])));
+  PyObject* key = PyLong_FromSize_t(reinterpret_cast<uintptr_t>(t.storage().data()));
+  if (key == nullptr) return nullptr;
+  int err = PyDict_SetItem(argv[5], key, argv[4]);
+  Py_DECREF(key);
+  if (err != 0) return nullptr;
+  return THPVariable_Wrap(std::move(t));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef fast_methods[] = {
+    {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&new_tensor)),
+     METH_FASTCALL, "A tensor on a new storage, filed in the storage table (see op_kernel.cpp)."},
+    {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&lookup)), METH_FASTCALL,
+     "The op cache entry of a call from Python (see op_kernel.cpp)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
+
+}  // namespace
+
+void add_op_kernel(py::module& m) {
+  s_numel = intern("numel");
+  s_dtype = intern("dtype");
+  s_value = intern("value");
+  s_device = intern("device");
+  s_fused = intern("fused");
+  s_debug = intern("debug");
+  s_nodes = intern("_nodes");
+  s_graph_device = intern("_device");
+  s_pending = intern("pending");
+  s_due = intern("due");
+  s_max_ops = intern("max_ops");
+  s_cache_hits = intern("cache_hits");
+  if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) throw py::error_already_set();
+  m.def("configure_op_kernel", &configure);
+  m.def("register_op_kernels", &register_op_kernels);
+}
+
+}  // namespace torch_pjrt
