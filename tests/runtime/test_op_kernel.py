@@ -133,3 +133,33 @@ def test_pending_ops_add_little_for_the_cyclic_gc(fused):
         gc.enable()
     assert per_op <= 2.05
     torch.testing.assert_close(outs[-1].cpu(), a.cpu() + b.cpu())
+
+
+def test_in_place_records_write_their_storages(fused):
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    a, b = x.to("pjrt"), y.to("pjrt")
+    c = a.clone()
+    view = c[1:3]
+    _warm(lambda: view.add_(b[:2]))
+    torch_pjrt.counters.reset()
+    want = x.clone()
+    for _ in range(3):
+        want[1:3] += y[:2]
+    got = c.clone()
+    # the same in-place op three more times, on a storage with a pending value
+    for _ in range(3):
+        r = view.add_(b[:2])
+        assert r is view
+    assert graph.pending_ops() == 4
+    assert type(table.record_of(c).value) is graph.Lazy
+    want2 = want.clone()
+    for _ in range(3):
+        want2[1:3] += y[:2]
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(c.cpu(), want2)
+    torch.testing.assert_close(view.cpu(), want2[1:3])
+    # a parameter-like update: its old buffer is donated at the flush
+    p = x.to("pjrt")
+    _warm(lambda: p.mul_(0.5))
+    p.mul_(0.5)
+    torch.testing.assert_close(p.cpu(), x * 0.5 ** 4)

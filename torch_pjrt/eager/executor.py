@@ -12,8 +12,9 @@ a dictionary lookup and one launch.
 Calls are keyed natively first: the PrivateUse1 kernel of every lowered op is
 C++ (runtime/native/op_kernel.cpp), which packs the same metadata into a key of
 its own, under which the entry is filed too the first time the Python key finds
-it. On a fused hit of an op that returns one fresh tensor it records the op
-itself; every other call comes here through native_call. Calls made from Python
+it. On a fused hit of an op that returns one fresh tensor, or the one argument
+it writes in place, it records the op itself; every other call comes here
+through native_call. Calls made from Python
 (kernel()) are keyed natively by the same code (lookup).
 """
 

@@ -2,8 +2,8 @@
 
 Recording an op costs what strict mode costs minus the launch: its output
 storages get `Lazy` placeholders instead of buffers (the native kernel of lowered
-ops, runtime/native/op_kernel.cpp, does what record_single does for the common
-case, without Python code). When a value is needed
+ops, runtime/native/op_kernel.cpp, records the common cases, ops returning one fresh
+tensor or writing one argument in place, without Python code). When a value is needed
 (data read, CPU fallback, synchronize, a size cap) the graph is flushed: the
 program takes the concrete buffers the graph reads and returns only the lazy
 values some storage still holds, so tensors that died inside the graph are
@@ -111,7 +111,8 @@ def _append(entry, recs: list, dyn: list, device: int, inputs) -> Node:
 
 def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]:
     """Append an op to the pending graph; its results are Lazy placeholders. `inputs`: the
-    records' values in `entry.order`, where the caller has them."""
+    records' values in `entry.order`, where the caller has them. op_kernel.cpp's
+    record_in_place does this and executor._outputs for in-place ops (keep them alike)."""
     node = _append(entry, recs, dyn, device, inputs)
     for buf in entry.written:
         old = recs[buf].value

@@ -1,8 +1,8 @@
 // torch-pjrt's op hit path in C++: the op cache key of a call, and the PrivateUse1
-// kernel of every lowered op. A call whose signature is cached and whose op returns
-// one fresh tensor is recorded into the pending fused graph here, without running
-// Python code; every other call goes on to eager/executor.py (native_call), which
-// owns the executor's logic. The objects built here (graph.Node, graph.Lazy,
+// kernel of every lowered op. In fused mode a call whose signature is cached, of an op
+// that returns one fresh tensor or the one argument it writes in place, is recorded
+// into the pending graph here, without running Python code; every other call goes on
+// to eager/executor.py (native_call), which owns the executor's logic. The objects built here (graph.Node, graph.Lazy,
 // table.StorageRecord) are the Python classes', their __slots__ filled directly.
 
 #include <Python.h>
@@ -68,7 +68,8 @@ struct Slots {
 enum { kNodeEntry, kNodeInputs, kNodeDyn, kNodePosition };
 enum { kLazyNode, kLazyIndex, kLazyShape, kLazyDtype };
 enum { kRecValue, kRecDtype, kRecNumel, kRecNbytes, kRecDevice };
-enum { kEntrySingle, kEntryAlone, kEntryOrdered, kEntryOrder, kEntryOuts, kEntryAvals };
+enum { kEntrySingle, kEntryAlone, kEntryOrdered, kEntryOrder, kEntryOuts, kEntryAvals,
+       kEntryWritten, kEntryAliasReturn };
 enum { kMemAllocated, kMemPeak, kMemAllocs, kMemSoftLimit };
 
 // What the kernel reads and writes of the Python side, set by configure().
@@ -98,6 +99,7 @@ PyObject* s_pending = nullptr;
 PyObject* s_due = nullptr;
 PyObject* s_max_ops = nullptr;
 PyObject* s_cache_hits = nullptr;
+PyObject* s_superseded = nullptr;
 
 // A storage record's attribute (new reference): its slot where it is a StorageRecord.
 PyObject* rec_attr(PyObject* rec, int slot, PyObject* name) {
@@ -405,7 +407,7 @@ PyObject* lookup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
 // A Python number PyTorch wrapped as a CPU tensor (`x * 2.5`) as that number again, as a
 // Python kernel gets it; null (no exception) for any other tensor.
 PyObject* wrapped_number(const at::Tensor& t) {
-  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || t.is_cuda()) return nullptr;
+  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number()) return nullptr;
   switch (t.scalar_type()) {
     case c10::ScalarType::Double: return PyFloat_FromDouble(*t.const_data_ptr<double>());
     case c10::ScalarType::Long: return PyLong_FromLongLong(*t.const_data_ptr<int64_t>());
@@ -453,28 +455,120 @@ bool flag(PyObject* globals, PyObject* name) {
   return PyDict_GetItemWithError(globals, name) == Py_True;
 }
 
+// The node a cached op adds to the pending graph, built before anything is changed.
+// The node, its inputs and run-time numbers and its lazy values are kept from the cyclic
+// GC: a node refers to earlier nodes only, so they are in no cycle, and a pending graph
+// of thousands of tracked objects made the GC's collections cost more than recording
+// (6 tracked objects per pending op, 2 with these untracked). Storage records stay
+// tracked: once their graph fails they hold its error, whose traceback refers to them.
+struct PendingNode {
+  py::object node;
+  py::object device;          // the device, as a Python int
+  PyObject* nodes = nullptr;  // graph._nodes
+  PyObject* graph_device = nullptr;  // graph._device: None or `device`
+  Py_ssize_t position = 0;
+  Py_ssize_t cap = 0;
+
+  // False (nothing changed) where the Python side must record: a graph pending for
+  // another device, or state of an unexpected shape.
+  bool build(PyObject* entry, PyObject* dyn, long index, PyObject* values) {
+    graph_device = PyDict_GetItemWithError(S.graph, s_graph_device);
+    if (graph_device == nullptr) return false;
+    if (graph_device != Py_None && PyLong_AsLong(graph_device) != index) return false;
+    nodes = PyDict_GetItemWithError(S.graph, s_nodes);
+    PyObject* max_ops = PyDict_GetItemWithError(S.graph, s_max_ops);
+    if (nodes == nullptr || !PyList_CheckExact(nodes) || max_ops == nullptr) return false;
+    cap = PyLong_AsSsize_t(max_ops);
+    if (cap == -1 && PyErr_Occurred()) return false;
+    PyObject* order = S.entry.get(entry, kEntryOrder);
+    PyObject* ordered = S.entry.get(entry, kEntryOrdered);
+    if (!order || !ordered || !PyList_Check(order)) return false;
+    // The node's inputs: the records' values in the entry's argument order.
+    py::object inputs;
+    if (ordered == Py_True) {
+      inputs = py::reinterpret_borrow<py::object>(values);
+    } else {
+      Py_ssize_t n = PyList_GET_SIZE(order);
+      inputs = py::reinterpret_steal<py::object>(PyList_New(n));
+      if (!inputs) return false;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        Py_ssize_t idx = PyLong_AsSsize_t(PyList_GET_ITEM(order, i));
+        if (idx < 0 || idx >= PyTuple_GET_SIZE(values)) return false;
+        PyObject* v = PyTuple_GET_ITEM(values, idx);
+        Py_INCREF(v);
+        PyList_SET_ITEM(inputs.ptr(), i, v);
+      }
+    }
+    device = py::reinterpret_steal<py::object>(PyLong_FromLong(index));
+    position = PyList_GET_SIZE(nodes);
+    node = py::reinterpret_steal<py::object>(S.node.make(true));
+    PyObject* pos = PyLong_FromSsize_t(position);
+    if (!device || !node || !pos) {
+      Py_XDECREF(pos);
+      return false;
+    }
+    PyObject_GC_UnTrack(inputs.ptr());
+    PyObject_GC_UnTrack(dyn);
+    S.node.put(node.ptr(), kNodeEntry, py::reinterpret_borrow<py::object>(entry).release().ptr());
+    S.node.put(node.ptr(), kNodeInputs, inputs.release().ptr());
+    S.node.put(node.ptr(), kNodeDyn, py::reinterpret_borrow<py::object>(dyn).release().ptr());
+    S.node.put(node.ptr(), kNodePosition, pos);
+    return true;
+  }
+
+  // Output `index` of the node, of aval ((numel,), jax dtype).
+  py::object lazy(long index, PyObject* aval) const {
+    py::object z = py::reinterpret_steal<py::object>(S.lazy.make(true));
+    if (!z) throw py::error_already_set();
+    S.lazy.put(z.ptr(), kLazyNode, py::object(node).release().ptr());
+    S.lazy.put(z.ptr(), kLazyIndex, PyLong_FromLong(index));
+    S.lazy.put(z.ptr(), kLazyShape, py::reinterpret_borrow<py::object>(
+                                        PyTuple_GET_ITEM(aval, 0)).release().ptr());
+    S.lazy.put(z.ptr(), kLazyDtype, py::reinterpret_borrow<py::object>(
+                                        PyTuple_GET_ITEM(aval, 1)).release().ptr());
+    return z;
+  }
+
+  // The node joins the graph (graph._append's bookkeeping) and the hit is counted.
+  void append() const {
+    if (PyList_Append(nodes, node.ptr()) != 0 ||
+        PyDict_SetItem(S.graph, s_pending, Py_True) != 0 ||
+        (graph_device == Py_None && PyDict_SetItem(S.graph, s_graph_device, device.ptr()) != 0) ||
+        (position + 1 >= cap && PyDict_SetItem(S.graph, s_due, Py_True) != 0))
+      throw py::error_already_set();
+    PyObject* hits = PyDict_GetItemWithError(S.counts, s_cache_hits);
+    if (hits != nullptr) {
+      py::object more = py::reinterpret_steal<py::object>(
+          PyNumber_Add(hits, py::int_(1).ptr()));
+      if (!more || PyDict_SetItem(S.counts, s_cache_hits, more.ptr()) != 0)
+        throw py::error_already_set();
+    }
+  }
+};
+
+// An aval ((numel,), jax dtype) as the entry lists it; null where it is not one.
+PyObject* flat_aval(PyObject* avals, Py_ssize_t i) {
+  if (!PyList_Check(avals) || i >= PyList_GET_SIZE(avals)) return nullptr;
+  PyObject* aval = PyList_GET_ITEM(avals, i);
+  if (!PyTuple_Check(aval) || PyTuple_GET_SIZE(aval) != 2) return nullptr;
+  PyObject* flat = PyTuple_GET_ITEM(aval, 0);
+  if (!PyTuple_Check(flat) || PyTuple_GET_SIZE(flat) != 1) return nullptr;
+  return aval;
+}
+
 // graph.record_single() of a cached op whose one fresh result is the call's return:
-// false (nothing changed) where the Python side must do it (a graph pending for
-// another device, memory near its limit, an entry of an unexpected shape).
-bool record_single(PyObject* entry, PyObject* recs, PyObject* dyn, long device,
-                   PyObject* values, at::Tensor* out) {
-  PyObject* graph_device = PyDict_GetItemWithError(S.graph, s_graph_device);
-  if (graph_device == nullptr) return false;
-  if (graph_device != Py_None && PyLong_AsLong(graph_device) != device) return false;
+// false (nothing changed) where the Python side must do it (see PendingNode::build;
+// memory near its limit, where the graph may have to run first).
+bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values,
+                   at::Tensor* out) {
   PyObject* outs = S.entry.get(entry, kEntryOuts);
   PyObject* avals = S.entry.get(entry, kEntryAvals);
-  PyObject* order = S.entry.get(entry, kEntryOrder);
-  PyObject* ordered = S.entry.get(entry, kEntryOrdered);
-  if (!outs || !avals || !order || !ordered || !PyList_Check(outs) || !PyList_Check(avals) ||
-      PyList_GET_SIZE(outs) != 1 || PyList_GET_SIZE(avals) != 1 || !PyList_Check(order))
-    return false;
+  if (!outs || !avals || !PyList_Check(outs) || PyList_GET_SIZE(outs) != 1) return false;
   PyObject* o = PyList_GET_ITEM(outs, 0);  // (shape, stride, dtype, jax dtype, nbytes)
-  PyObject* aval = PyList_GET_ITEM(avals, 0);  // ((numel,), jax dtype)
-  if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 5 || !PyTuple_Check(aval) ||
-      PyTuple_GET_SIZE(aval) != 2 || !THPDtype_Check(PyTuple_GET_ITEM(o, 2)))
+  PyObject* aval = flat_aval(avals, 0);
+  if (aval == nullptr || !PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 5 ||
+      !THPDtype_Check(PyTuple_GET_ITEM(o, 2)))
     return false;
-  PyObject* flat = PyTuple_GET_ITEM(aval, 0);
-  if (!PyTuple_Check(flat) || PyTuple_GET_SIZE(flat) != 1) return false;
   c10::SmallVector<int64_t, 8> size, stride;
   for (int k = 0; k < 2; ++k) {
     PyObject* seq = PyTuple_GET_ITEM(o, k);
@@ -499,65 +593,22 @@ bool record_single(PyObject* entry, PyObject* recs, PyObject* dyn, long device,
   if (PyErr_Occurred()) return false;
   int64_t total = allocated + nbytes;
   if (total > soft_limit) return false;
-  PyObject* nodes = PyDict_GetItemWithError(S.graph, s_nodes);
-  PyObject* max_ops = PyDict_GetItemWithError(S.graph, s_max_ops);
-  if (nodes == nullptr || !PyList_CheckExact(nodes) || max_ops == nullptr) return false;
-  Py_ssize_t cap = PyLong_AsSsize_t(max_ops);
-  if (cap == -1 && PyErr_Occurred()) return false;
+  PendingNode p;
+  if (!p.build(entry, dyn, device, values)) return false;
 
-  // The node's inputs: the records' values in the entry's argument order.
-  py::object inputs;
-  if (ordered == Py_True) {
-    inputs = py::reinterpret_borrow<py::object>(values);
-  } else {
-    Py_ssize_t n = PyList_GET_SIZE(order);
-    inputs = py::reinterpret_steal<py::object>(PyList_New(n));
-    if (!inputs) return false;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      Py_ssize_t idx = PyLong_AsSsize_t(PyList_GET_ITEM(order, i));
-      if (idx < 0 || idx >= PyTuple_GET_SIZE(values)) return false;
-      PyObject* v = PyTuple_GET_ITEM(values, idx);
-      Py_INCREF(v);
-      PyList_SET_ITEM(inputs.ptr(), i, v);
-    }
-  }
-  // The node, its inputs and run-time numbers and the lazy value are kept from the cyclic
-  // GC: a node refers to earlier nodes only, so they are in no cycle, and a pending graph
-  // of thousands of tracked objects made the GC's collections cost more than recording
-  // (6 tracked objects per pending op, 2 with these untracked). The storage record stays
-  // tracked: once its graph fails it holds the error, whose traceback refers back to it.
-  Py_ssize_t position = PyList_GET_SIZE(nodes);
-  py::object node = py::reinterpret_steal<py::object>(S.node.make(true));
-  py::object lazy = py::reinterpret_steal<py::object>(S.lazy.make(true));
   py::object rec = py::reinterpret_steal<py::object>(S.rec.make());
-  PyObject* pos = PyLong_FromSsize_t(position);
-  if (!node || !lazy || !rec || !pos) {
-    Py_XDECREF(pos);
-    return false;
-  }
-  PyObject_GC_UnTrack(inputs.ptr());
-  PyObject_GC_UnTrack(dyn);
-  S.node.put(node.ptr(), kNodeEntry, py::reinterpret_borrow<py::object>(entry).release().ptr());
-  S.node.put(node.ptr(), kNodeInputs, inputs.release().ptr());
-  S.node.put(node.ptr(), kNodeDyn, py::reinterpret_borrow<py::object>(dyn).release().ptr());
-  S.node.put(node.ptr(), kNodePosition, pos);
-  S.lazy.put(lazy.ptr(), kLazyNode, py::object(node).release().ptr());
-  S.lazy.put(lazy.ptr(), kLazyIndex, PyLong_FromLong(0));
+  if (!rec) return false;
+  S.rec.put(rec.ptr(), kRecValue, p.lazy(0, aval).release().ptr());
   PyObject* jdtype = PyTuple_GET_ITEM(aval, 1);
-  Py_INCREF(flat);
-  S.lazy.put(lazy.ptr(), kLazyShape, flat);
-  Py_INCREF(jdtype);
-  S.lazy.put(lazy.ptr(), kLazyDtype, jdtype);
-  S.rec.put(rec.ptr(), kRecValue, py::object(lazy).release().ptr());
   Py_INCREF(jdtype);
   S.rec.put(rec.ptr(), kRecDtype, jdtype);
-  PyObject* numel = PyTuple_GET_ITEM(flat, 0);
+  PyObject* numel = PyTuple_GET_ITEM(PyTuple_GET_ITEM(aval, 0), 0);
   Py_INCREF(numel);
   S.rec.put(rec.ptr(), kRecNumel, numel);
   PyObject* nb = PyTuple_GET_ITEM(o, 4);
   Py_INCREF(nb);
   S.rec.put(rec.ptr(), kRecNbytes, nb);
-  S.rec.put(rec.ptr(), kRecDevice, py::object(dev).release().ptr());
+  S.rec.put(rec.ptr(), kRecDevice, dev.release().ptr());
 
   auto dtype = reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(o, 2))->scalar_type;
   at::Tensor t = empty_pjrt(size, stride, dtype, int(device));  // may throw: nothing filed yet
@@ -569,19 +620,56 @@ bool record_single(PyObject* entry, PyObject* recs, PyObject* dyn, long device,
   S.mem.put(mem, kMemAllocated, PyLong_FromLongLong(total));
   S.mem.put(mem, kMemAllocs, PyLong_FromLongLong(allocs + 1));
   if (total > peak) S.mem.put(mem, kMemPeak, PyLong_FromLongLong(total));
-  if (PyList_Append(nodes, node.ptr()) != 0 ||
-      PyDict_SetItem(S.graph, s_pending, Py_True) != 0 ||
-      (graph_device == Py_None && PyDict_SetItem(S.graph, s_graph_device, dev.ptr()) != 0) ||
-      (position + 1 >= cap && PyDict_SetItem(S.graph, s_due, Py_True) != 0))
-    throw py::error_already_set();
-  PyObject* hits = PyDict_GetItemWithError(S.counts, s_cache_hits);
-  if (hits != nullptr) {
-    py::object more = py::reinterpret_steal<py::object>(
-        PyNumber_Add(hits, py::int_(1).ptr()));
-    if (!more || PyDict_SetItem(S.counts, s_cache_hits, more.ptr()) != 0)
-      throw py::error_already_set();
-  }
+  p.append();
   *out = std::move(t);
+  return true;
+}
+
+// graph.record() and executor._outputs() of a cached in-place op (it returns the
+// argument it writes, and nothing fresh): its written storages get the node's lazy
+// values, their concrete old buffers noted as superseded (donated at the flush).
+bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device,
+                     PyObject* values) {
+  PyObject* written = S.entry.get(entry, kEntryWritten);
+  PyObject* avals = S.entry.get(entry, kEntryAvals);
+  PyObject* superseded = PyDict_GetItemWithError(S.graph, s_superseded);
+  if (!written || !avals || !superseded || !PyTuple_Check(written) || !PyList_Check(avals) ||
+      !PyDict_CheckExact(superseded) || PyList_GET_SIZE(avals) != PyTuple_GET_SIZE(written))
+    return false;
+  Py_ssize_t n = PyTuple_GET_SIZE(written);
+  c10::SmallVector<PyObject*, 4> targets;  // borrowed from recs
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    Py_ssize_t buf = PyLong_AsSsize_t(PyTuple_GET_ITEM(written, i));
+    if (buf < 0 || buf >= PyList_GET_SIZE(recs) || flat_aval(avals, i) == nullptr) return false;
+    PyObject* rec = PyList_GET_ITEM(recs, buf);
+    if (!S.rec.is(rec) || S.rec.get(rec, kRecValue) == nullptr) return false;
+    targets.push_back(rec);
+  }
+  PendingNode p;
+  if (!p.build(entry, dyn, device, values)) return false;
+  c10::SmallVector<py::object, 4> lazies;
+  for (Py_ssize_t i = 0; i < n; ++i) lazies.push_back(p.lazy(long(i), flat_aval(avals, i)));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* rec = targets[size_t(i)];
+    PyObject* old = S.rec.get(rec, kRecValue);
+    if (old != Py_None && Py_TYPE(old) != S.lazy.type) {
+      py::object id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(old));
+      if (!id || PyDict_SetDefault(superseded, id.ptr(), rec) == nullptr)
+        throw py::error_already_set();
+    }
+  }
+  p.append();
+  for (Py_ssize_t i = 0; i < n; ++i) {  // StorageRecord.set(lazy)
+    PyObject* rec = targets[size_t(i)];
+    PyObject* aval = flat_aval(avals, i);
+    PyObject* jdtype = PyTuple_GET_ITEM(aval, 1);
+    PyObject* numel = PyTuple_GET_ITEM(PyTuple_GET_ITEM(aval, 0), 0);
+    S.rec.put(rec, kRecValue, lazies[size_t(i)].release().ptr());
+    Py_INCREF(jdtype);
+    S.rec.put(rec, kRecDtype, jdtype);
+    Py_INCREF(numel);
+    S.rec.put(rec, kRecNumel, numel);
+  }
   return true;
 }
 
@@ -643,6 +731,39 @@ struct OpKernel final : c10::OperatorKernel {
     return result;
   }
 
+  // A fused hit recorded here, its return on the stack: an op returning one fresh tensor
+  // or an in-place op returning the argument it writes. False where Python records it.
+  static bool record(PyObject* entry, PyObject* hit, c10::ArrayRef<c10::IValue> args,
+                     torch::jit::Stack* stack) {
+    PyObject* recs = PyTuple_GET_ITEM(hit, 1);
+    PyObject* dyn = PyTuple_GET_ITEM(hit, 2);
+    long device = PyLong_AsLong(PyTuple_GET_ITEM(hit, 3));
+    PyObject* values = PyTuple_GET_ITEM(hit, 4);
+    PyObject* alias = S.entry.get(entry, kEntryAliasReturn);
+    c10::IValue ret;
+    if (S.entry.get(entry, kEntrySingle) == Py_True) {
+      at::Tensor out;
+      if (!record_single(entry, dyn, device, values, &out)) return false;
+      ret = std::move(out);
+    } else if (alias != nullptr && PyLong_CheckExact(alias)) {
+      long a = PyLong_AsLong(alias);
+      if (a < 0 || size_t(a) >= args.size() || !args[size_t(a)].isTensor() ||
+          !record_in_place(entry, recs, dyn, device, values))
+        return false;
+      ret = args[size_t(a)];
+    } else {
+      return false;
+    }
+    torch::jit::drop(*stack, args.size());
+    stack->push_back(std::move(ret));
+    if (flag(S.graph, s_due)) {
+      PyObject* r = PyObject_CallNoArgs(S.flush_due);
+      if (r == nullptr) throw py::error_already_set();
+      Py_DECREF(r);
+    }
+    return true;
+  }
+
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
     size_t n = schema.arguments().size();
@@ -654,23 +775,9 @@ struct OpKernel final : c10::OperatorKernel {
       if (hit != nullptr) found = py::reinterpret_steal<py::object>(hit);
       PyObject* entry = hit != nullptr ? PyTuple_GET_ITEM(hit, 0) : nullptr;
       if (entry != nullptr && PyTuple_GET_SIZE(hit) == 5 && S.entry.is(entry) &&
-          flag(S.modes, s_fused) && S.entry.get(entry, kEntrySingle) == Py_True &&
-          S.entry.get(entry, kEntryAlone) == Py_False) {
-        at::Tensor out;
-        if (record_single(entry, PyTuple_GET_ITEM(hit, 1), PyTuple_GET_ITEM(hit, 2),
-                          PyLong_AsLong(PyTuple_GET_ITEM(hit, 3)), PyTuple_GET_ITEM(hit, 4),
-                          &out)) {
-          torch::jit::drop(*stack, n);
-          stack->emplace_back(std::move(out));
-          if (flag(S.graph, s_due)) {
-            PyObject* r = PyObject_CallNoArgs(S.flush_due);
-            if (r == nullptr) throw py::error_already_set();
-            Py_DECREF(r);
-          }
-          return;
-        }
-        if (PyErr_Occurred()) throw py::error_already_set();
-      }
+          flag(S.modes, s_fused) && S.entry.get(entry, kEntryAlone) == Py_False &&
+          record(entry, hit, args, stack))
+        return;
     }
     if (PyErr_Occurred()) throw py::error_already_set();
     // Everything else: the executor's Python code, with every argument by position.
@@ -723,7 +830,8 @@ void configure(py::dict graph, py::dict modes, py::dict counts, py::dict devices
   S.node.init(node, {"entry", "inputs", "dyn", "position"});
   S.lazy.init(lazy, {"node", "index", "shape", "dtype"});
   S.rec.init(rec, {"value", "dtype", "numel", "nbytes", "device"});
-  S.entry.init(entry, {"single", "alone", "ordered", "order", "outs", "result_avals"});
+  S.entry.init(entry, {"single", "alone", "ordered", "order", "outs", "result_avals",
+                       "written", "alias_return"});
   S.mem.init(mem, {"allocated", "peak", "allocs", "soft_limit"});
   configured = true;
 }
@@ -783,6 +891,7 @@ void add_op_kernel(py::module& m) {
   s_due = intern("due");
   s_max_ops = intern("max_ops");
   s_cache_hits = intern("cache_hits");
+  s_superseded = intern("_superseded");
   if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) throw py::error_already_set();
   m.def("configure_op_kernel", &configure);
   m.def("register_op_kernels", &register_op_kernels);
