@@ -86,9 +86,9 @@ def jax_op(qualname: str, schema: str, *, differentiable: bool = True) -> Callab
         from . import runtime
 
         if runtime._initialized:
-            _install_device_kernel(op, ns)
+            _install_device_kernel(op)
         else:
-            _pending.append((op, ns))
+            _pending.append(op)
         if differentiable:
             _register_autograd(op, fn, ns, name, schema)
         return op
@@ -99,8 +99,8 @@ def jax_op(qualname: str, schema: str, *, differentiable: bool = True) -> Callab
 _pending: list = []
 
 
-def _install_device_kernel(op, ns: str) -> None:
-    from .eager import dispatch
+def _install_device_kernel(op) -> None:
+    from .eager import dispatch  # not at import: the runtime installs the dispatcher first
 
     dispatch.register_kernel(op)
 
@@ -108,7 +108,7 @@ def _install_device_kernel(op, ns: str) -> None:
 def install_pending() -> None:
     """Called once the runtime starts: device kernels for ops registered before it."""
     while _pending:
-        _install_device_kernel(*_pending.pop())
+        _install_device_kernel(_pending.pop())
 
 
 def _split_args(schema: str) -> list[str]:

@@ -14,8 +14,8 @@ C++ (runtime/native/op_kernel.cpp), which packs the same metadata into a key of
 its own, under which the entry is filed too the first time the Python key finds
 it. On a fused hit of an op that returns one fresh tensor, or the one argument
 it writes in place, it records the op itself; every other call comes here
-through native_call. Calls made from Python
-(kernel()) are keyed natively by the same code (lookup).
+through native_call. Calls made from Python (kernel()) are keyed natively by
+the same code (lookup).
 """
 
 from __future__ import annotations
@@ -253,14 +253,13 @@ def kernel(spec: OpSpec, /, *args, **kwargs):
     return native_call(spec, _lookup(spec.plan, args, _records, _cache), args)
 
 
-def native_call(spec: OpSpec, found: tuple | None, args: tuple):
+def native_call(spec: OpSpec, hit: tuple | None, args: tuple):
     """A call as the native key found it (runtime/native/op_kernel.cpp: the kernel of
-    lowered ops, every schema argument in `args`; or kernel() above): `found` is the hit
+    lowered ops, every schema argument in `args`; or kernel() above): `hit` is
     (entry, recs, dyn, device, values), (None, key) on a miss, or None where the call
     needs the Python key. The native kernel records the common fused hits itself."""
-    if found is None or modes.debug:
+    if hit is None or modes.debug:
         return _execute(spec, args, {}, None)
-    hit = found
     entry = hit[0]
     if entry is None:
         return _execute(spec, args, {}, hit[1])

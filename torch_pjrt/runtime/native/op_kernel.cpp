@@ -18,6 +18,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -57,7 +58,7 @@ struct Slots {
     Py_XDECREF(old);
   }
   // A new instance; `untracked`: one the cyclic GC does not see, for objects that are in
-  // no cycle (see record_single).
+  // no cycle (see PendingNode).
   PyObject* make(bool untracked = false) const {
     PyObject* o = type->tp_alloc(type, 0);
     if (untracked && o != nullptr && PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
@@ -352,6 +353,27 @@ struct KeyBuilder {
     Py_CLEAR(extras);
     busy = false;
   }
+
+  // The lookup's answer for a call of `nargs` arguments, `arg(i)` encoding argument i
+  // (false where it cannot); null (no exception) where the call needs the Python key.
+  // `tag` is the key's argument count (see above).
+  template <typename Arg>
+  PyObject* key(PyObject* table, PyObject* plan, Py_ssize_t nargs, Py_ssize_t tag,
+                PyObject* cache, Arg arg) {
+    if (busy) return nullptr;  // re-entered from a __hash__ or __eq__ of an argument
+    busy = true;
+    PyObject* result = nullptr;
+    bool ok = start(table);
+    try {
+      for (Py_ssize_t i = 0; ok && i < nargs; ++i) ok = arg(i);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (ok && device >= 0) result = finish(plan, tag, cache);
+    end();
+    if (result == nullptr) PyErr_Clear();  // the Python key handles it (and raises its errors)
+    return result;
+  }
 };
 
 thread_local KeyBuilder kb;
@@ -371,35 +393,22 @@ PyObject* lookup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (nargs < PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 3)) ||
       nargs > PyTuple_GET_SIZE(codes))
     Py_RETURN_NONE;
-  if (kb.busy) Py_RETURN_NONE;  // re-entered from a __hash__ or __eq__ of an argument
-  kb.busy = true;
-  PyObject* result = nullptr;
-  bool ok = kb.start(argv[2]);
-  try {
-    for (Py_ssize_t i = 0; ok && i < nargs; ++i) {
-      PyObject* v = PyTuple_GET_ITEM(args, i);
-      switch (PyLong_AsLong(PyTuple_GET_ITEM(codes, i))) {
-        case kTensor: ok = kb.tensor(v); break;
-        case kOptTensor:
-          if (v == Py_None) kb.sig.push_back(-10);
-          else ok = kb.tensor(v);
-          break;
-        case kTensorList: ok = kb.tensor_list(v); break;
-        case kStatic: ok = kb.fixed(v); break;
-        case kScalar: ok = kb.scalar(v, PyTuple_GET_ITEM(defaults, i)); break;
-        case kOther: ok = kb.other(v); break;
-        default: ok = false;
-      }
+  PyObject* result = kb.key(argv[2], plan, nargs, nargs, argv[3], [&](Py_ssize_t i) {
+    PyObject* v = PyTuple_GET_ITEM(args, i);
+    switch (PyLong_AsLong(PyTuple_GET_ITEM(codes, i))) {
+      case kTensor: return kb.tensor(v);
+      case kOptTensor:
+        if (v != Py_None) return kb.tensor(v);
+        kb.sig.push_back(-10);
+        return true;
+      case kTensorList: return kb.tensor_list(v);
+      case kStatic: return kb.fixed(v);
+      case kScalar: return kb.scalar(v, PyTuple_GET_ITEM(defaults, i));
+      case kOther: return kb.other(v);
+      default: return false;
     }
-  } catch (const std::exception&) {
-    ok = false;
-  }
-  if (ok && kb.device >= 0) result = kb.finish(plan, nargs, argv[3]);
-  kb.end();
-  if (result == nullptr) {
-    PyErr_Clear();  // the Python key handles it (and raises its errors)
-    Py_RETURN_NONE;
-  }
+  });
+  if (result == nullptr) Py_RETURN_NONE;
   return result;
 }
 
@@ -582,9 +591,10 @@ bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values
   }
   int64_t nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 4));
   if (nbytes == -1 && PyErr_Occurred()) return false;
+  PendingNode p;
+  if (!p.build(entry, dyn, device, values)) return false;
   // The memory account: near the limit the Python side asks for the graph to run.
-  py::object dev = py::reinterpret_steal<py::object>(PyLong_FromLong(device));
-  PyObject* mem = dev ? PyDict_GetItemWithError(S.devices, dev.ptr()) : nullptr;
+  PyObject* mem = PyDict_GetItemWithError(S.devices, p.device.ptr());
   if (mem == nullptr || !S.mem.is(mem)) return false;
   int64_t allocated = PyLong_AsLongLong(S.mem.get(mem, kMemAllocated));
   int64_t soft_limit = PyLong_AsLongLong(S.mem.get(mem, kMemSoftLimit));
@@ -593,8 +603,6 @@ bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values
   if (PyErr_Occurred()) return false;
   int64_t total = allocated + nbytes;
   if (total > soft_limit) return false;
-  PendingNode p;
-  if (!p.build(entry, dyn, device, values)) return false;
 
   py::object rec = py::reinterpret_steal<py::object>(S.rec.make());
   if (!rec) return false;
@@ -608,7 +616,7 @@ bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values
   PyObject* nb = PyTuple_GET_ITEM(o, 4);
   Py_INCREF(nb);
   S.rec.put(rec.ptr(), kRecNbytes, nb);
-  S.rec.put(rec.ptr(), kRecDevice, dev.release().ptr());
+  S.rec.put(rec.ptr(), kRecDevice, py::object(p.device).release().ptr());
 
   auto dtype = reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(o, 2))->scalar_type;
   at::Tensor t = empty_pjrt(size, stride, dtype, int(device));  // may throw: nothing filed yet
@@ -637,18 +645,20 @@ bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device
       !PyDict_CheckExact(superseded) || PyList_GET_SIZE(avals) != PyTuple_GET_SIZE(written))
     return false;
   Py_ssize_t n = PyTuple_GET_SIZE(written);
-  c10::SmallVector<PyObject*, 4> targets;  // borrowed from recs
+  c10::SmallVector<PyObject*, 4> targets, target_avals;  // borrowed from recs and avals
   for (Py_ssize_t i = 0; i < n; ++i) {
     Py_ssize_t buf = PyLong_AsSsize_t(PyTuple_GET_ITEM(written, i));
-    if (buf < 0 || buf >= PyList_GET_SIZE(recs) || flat_aval(avals, i) == nullptr) return false;
+    PyObject* aval = flat_aval(avals, i);
+    if (buf < 0 || buf >= PyList_GET_SIZE(recs) || aval == nullptr) return false;
     PyObject* rec = PyList_GET_ITEM(recs, buf);
     if (!S.rec.is(rec) || S.rec.get(rec, kRecValue) == nullptr) return false;
     targets.push_back(rec);
+    target_avals.push_back(aval);
   }
   PendingNode p;
   if (!p.build(entry, dyn, device, values)) return false;
   c10::SmallVector<py::object, 4> lazies;
-  for (Py_ssize_t i = 0; i < n; ++i) lazies.push_back(p.lazy(long(i), flat_aval(avals, i)));
+  for (Py_ssize_t i = 0; i < n; ++i) lazies.push_back(p.lazy(long(i), target_avals[size_t(i)]));
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* rec = targets[size_t(i)];
     PyObject* old = S.rec.get(rec, kRecValue);
@@ -661,7 +671,7 @@ bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device
   p.append();
   for (Py_ssize_t i = 0; i < n; ++i) {  // StorageRecord.set(lazy)
     PyObject* rec = targets[size_t(i)];
-    PyObject* aval = flat_aval(avals, i);
+    PyObject* aval = target_avals[size_t(i)];
     PyObject* jdtype = PyTuple_GET_ITEM(aval, 1);
     PyObject* numel = PyTuple_GET_ITEM(PyTuple_GET_ITEM(aval, 0), 0);
     S.rec.put(rec, kRecValue, lazies[size_t(i)].release().ptr());
@@ -686,49 +696,33 @@ struct OpKernel final : c10::OperatorKernel {
     PyObject* codes = PyTuple_GET_ITEM(plan, 1);
     PyObject* defaults = PyTuple_GET_ITEM(plan, 2);
     Py_ssize_t n = Py_ssize_t(args.size());
-    if (n != PyTuple_GET_SIZE(codes) || kb.busy) return nullptr;
-    kb.busy = true;
-    PyObject* result = nullptr;
-    bool ok = kb.start(S.records);
-    try {
-      for (Py_ssize_t i = 0; ok && i < n; ++i) {
-        const c10::IValue& v = args[size_t(i)];
-        long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
-        if (code == kTensor || code == kOptTensor) {
-          if (code == kOptTensor && (v.isNone() || (v.isTensor() && !v.toTensor().defined()))) {
-            kb.sig.push_back(-10);
-          } else if (!v.isTensor()) {
-            ok = false;
-          } else if (PyObject* number = wrapped_number(v.toTensor())) {
-            ok = kb.number(number);
-            Py_DECREF(number);
-          } else {
-            ok = kb.tensor(v.toTensor());
-          }
-        } else if (code == kTensorList) {
-          ok = kb.tensor_list(v);
-        } else if (code == kStatic || code == kScalar || code == kOther) {
-          if (v.isTensor() || v.isTensorList() || v.isGenerator() || v.isDevice()) {
-            ok = false;
-            break;
-          }
-          py::object o = py::reinterpret_steal<py::object>(
-              to_python(v, schema.arguments()[size_t(i)]));
-          if (!o) ok = false;
-          else if (code == kStatic) ok = kb.fixed(o.ptr());
-          else if (code == kScalar) ok = kb.scalar(o.ptr(), PyTuple_GET_ITEM(defaults, i));
-          else ok = kb.other(o.ptr());
-        } else {
-          ok = false;
+    if (n != PyTuple_GET_SIZE(codes)) return nullptr;
+    return kb.key(S.records, plan, n, -n, S.cache, [&](Py_ssize_t i) {
+      const c10::IValue& v = args[size_t(i)];
+      long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
+      if (code == kTensor || code == kOptTensor) {
+        if (code == kOptTensor && (v.isNone() || (v.isTensor() && !v.toTensor().defined()))) {
+          kb.sig.push_back(-10);
+          return true;
         }
+        if (!v.isTensor()) return false;
+        if (PyObject* number = wrapped_number(v.toTensor())) {
+          bool ok = kb.number(number);
+          Py_DECREF(number);
+          return ok;
+        }
+        return kb.tensor(v.toTensor());
       }
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    if (ok && kb.device >= 0) result = kb.finish(plan, -n, S.cache);
-    kb.end();
-    if (result == nullptr) PyErr_Clear();  // the Python key handles it
-    return result;
+      if (code == kTensorList) return kb.tensor_list(v);
+      if (code != kStatic && code != kScalar && code != kOther) return false;
+      if (v.isTensor() || v.isTensorList() || v.isGenerator() || v.isDevice()) return false;
+      py::object o = py::reinterpret_steal<py::object>(
+          to_python(v, schema.arguments()[size_t(i)]));
+      if (!o) return false;
+      if (code == kStatic) return kb.fixed(o.ptr());
+      if (code == kScalar) return kb.scalar(o.ptr(), PyTuple_GET_ITEM(defaults, i));
+      return kb.other(o.ptr());
+    });
   }
 
   // A fused hit recorded here, its return on the stack: an op returning one fresh tensor
@@ -807,8 +801,11 @@ struct OpKernel final : c10::OperatorKernel {
 // register_op_kernels(namespace, [(name, spec), ...]): the kernel above for each op.
 void register_op_kernels(const std::string& ns, const std::vector<std::pair<std::string, py::object>>& ops) {
   TORCH_CHECK(configured, "pjrt: configure_op_kernel() first");
-  auto* lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1,
-                                 __FILE__, __LINE__);  // lives as long as the process
+  static std::map<std::string, torch::Library*> libraries;  // one per namespace, never freed
+  torch::Library*& lib = libraries[ns];
+  if (lib == nullptr)
+    lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1,
+                             __FILE__, __LINE__);
   for (const auto& [name, spec] : ops) {
     lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
                                 std::make_unique<OpKernel>(spec, spec.attr("plan"))));
