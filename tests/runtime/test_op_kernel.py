@@ -44,36 +44,6 @@ def test_native_records_keep_the_accounting(fused):
     assert torch.pjrt.memory_allocated() == allocated
 
 
-def test_a_dying_storage_leaves_the_table_without_python(fused):
-    """The allocator's free is native: the record leaves the table, the bytes the account,
-    and storage/table.py's free (the fallback) is not called."""
-    import sys
-
-    from torch_pjrt.runtime import memory
-
-    a = torch.randn(16, device="pjrt")
-    _warm(torch.mul, a, a)
-    m = memory._devices[0]
-    frees, allocated, records = m.frees, m.allocated, len(table._records)
-    calls = []
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code is table.free.__code__:
-            calls.append(frame)
-
-    sys.setprofile(profile)
-    try:
-        for _ in range(4):
-            b = a * a
-            assert m.allocated == allocated + 64
-            del b
-        torch.pjrt.synchronize()  # the graph's dead results too
-    finally:
-        sys.setprofile(None)
-    assert (m.frees - frees, m.allocated, len(table._records)) == (4, allocated, records)
-    assert not calls
-
-
 def test_a_chain_of_native_records_fuses_into_one_graph(fused):
     x = torch.randn(32)
     d = x.to("pjrt")

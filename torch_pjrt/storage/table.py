@@ -62,8 +62,7 @@ def install(native, flush) -> None:
 
 
 def free(ptr: int) -> None:
-    """Called by the native allocator when a storage dies (once the op kernel is configured
-    the allocator does the same natively: op_kernel.cpp, free_native)."""
+    """Called by the native allocator when a storage dies."""
     rec = _records.pop(ptr, None)
     if rec is not None:
         m = memory._devices[rec.device]

@@ -71,7 +71,7 @@ enum { kLazyNode, kLazyIndex, kLazyShape, kLazyDtype };
 enum { kRecValue, kRecDtype, kRecNumel, kRecNbytes, kRecDevice };
 enum { kEntrySingle, kEntryAlone, kEntryOrdered, kEntryOrder, kEntryOuts, kEntryAvals,
        kEntryWritten, kEntryAliasReturn };
-enum { kMemAllocated, kMemPeak, kMemAllocs, kMemSoftLimit, kMemFrees };
+enum { kMemAllocated, kMemPeak, kMemAllocs, kMemSoftLimit };
 
 // What the kernel reads and writes of the Python side, set by configure().
 struct State {
@@ -798,29 +798,6 @@ struct OpKernel final : c10::OperatorKernel {
   }
 };
 
-// table.free() without a Python call: a storage's record leaves the table and its bytes
-// the device's account. It runs on every storage's death (most results of a fused graph
-// die young), where the call into Python was a tenth of a small op's cost.
-bool free_native(PyObject* key) {
-  PyObject* rec = PyDict_GetItemWithError(S.records, key);  // borrowed
-  if (rec == nullptr) return !PyErr_Occurred();  // not in the table: nothing to release
-  if (!S.rec.is(rec)) return false;
-  PyObject* nbytes = S.rec.get(rec, kRecNbytes);
-  PyObject* device = S.rec.get(rec, kRecDevice);
-  if (nbytes == nullptr || device == nullptr) return false;
-  PyObject* mem = PyDict_GetItemWithError(S.devices, device);
-  if (mem == nullptr || !S.mem.is(mem)) return false;
-  int64_t allocated = PyLong_AsLongLong(S.mem.get(mem, kMemAllocated)) -
-                      PyLong_AsLongLong(nbytes);
-  int64_t frees = PyLong_AsLongLong(S.mem.get(mem, kMemFrees)) + 1;
-  if (PyErr_Occurred()) return false;
-  py::object held = py::reinterpret_borrow<py::object>(rec);  // dies after the account
-  if (PyDict_DelItem(S.records, key) != 0) return false;
-  S.mem.put(mem, kMemAllocated, PyLong_FromLongLong(allocated));
-  S.mem.put(mem, kMemFrees, PyLong_FromLongLong(frees));
-  return true;
-}
-
 // register_op_kernels(namespace, [(name, spec), ...]): the kernel above for each op.
 void register_op_kernels(const std::string& ns, const std::vector<std::pair<std::string, py::object>>& ops) {
   TORCH_CHECK(configured, "pjrt: configure_op_kernel() first");
@@ -852,7 +829,7 @@ void configure(py::dict graph, py::dict modes, py::dict counts, py::dict devices
   S.rec.init(rec, {"value", "dtype", "numel", "nbytes", "device"});
   S.entry.init(entry, {"single", "alone", "ordered", "order", "outs", "result_avals",
                        "written", "alias_return"});
-  S.mem.init(mem, {"allocated", "peak", "allocs", "soft_limit", "frees"});
+  S.mem.init(mem, {"allocated", "peak", "allocs", "soft_limit"});
   configured = true;
 }
 
@@ -897,13 +874,6 @@ PyMethodDef fast_methods[] = {
 PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
 
 }  // namespace
-
-bool free_storage(PyObject* key) {
-  if (!configured) return false;
-  if (free_native(key)) return true;
-  PyErr_Clear();
-  return false;
-}
 
 void add_op_kernel(py::module& m) {
   s_numel = intern("numel");

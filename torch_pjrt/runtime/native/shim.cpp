@@ -87,13 +87,7 @@ void free_handle(void* ptr) {
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);  // a tensor may die while an exception propagates
   PyObject* handle = PyLong_FromSize_t(reinterpret_cast<uintptr_t>(ptr));
-  PyObject* result = nullptr;
-  if (handle != nullptr && torch_pjrt::free_storage(handle)) {
-    result = Py_None;  // done without the Python callback
-    Py_INCREF(result);
-  } else if (handle != nullptr) {
-    result = PyObject_CallOneArg(free_callback->ptr(), handle);
-  }
+  PyObject* result = handle ? PyObject_CallOneArg(free_callback->ptr(), handle) : nullptr;
   Py_XDECREF(handle);
   if (result == nullptr) {
     PyObject* context = PyUnicode_FromString("torch_pjrt storage free");

@@ -12,10 +12,6 @@ constexpr c10::DeviceType kPjrt = c10::DeviceType::PrivateUse1;
 at::Tensor empty_pjrt(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype,
                       int index);
 
-// The storage table's free (storage/table.py) of the storage with this handle (a Python
-// int), done natively; false where table.free must be called instead. GIL held.
-bool free_storage(PyObject* key);
-
 // op_kernel.cpp: the op cache key, new_tensor, and the kernel of lowered ops.
 void add_op_kernel(pybind11::module& m);
 
