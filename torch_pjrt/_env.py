@@ -36,6 +36,9 @@ VARIABLES: tuple[EnvVar, ...] = (
            "XLA's thread pool; 0: XLA's own ops (docs/xla-cpu-performance.md)."),
     EnvVar("TORCH_PJRT_FUSED_MAX_OPS", "10000", "Fused eager: flush the pending graph once it "
            "holds this many ops."),
+    EnvVar("TORCH_PJRT_FUSED_SPLIT_BACKWARD", "1", "Fused eager: 1: a backward pass starts by "
+           "running the pending graph (the forward), so a training step is a forward and a "
+           "backward program; 0: one graph across both (docs/xla-cpu-performance.md)."),
     EnvVar("TORCH_PJRT_DEBUG_COMPARE", "0", "Debug eager: also run every op on the CPU and raise "
            "at the first op whose result differs."),
     EnvVar("TORCH_PJRT_BUCKETS", "4", "torch.compile with dynamic sizes: pad each dynamic size "

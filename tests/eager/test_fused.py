@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_pjrt
+from torch_pjrt.eager import graph
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +103,8 @@ def test_a_failed_graph_leaves_its_tensors_without_value_and_the_rest_working(mo
         assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def test_identical_steps_reuse_one_program_and_donate():
+def _mlp_steps(steps: int = 5) -> tuple[dict, list[float]]:
+    """Metrics and losses of `steps` identical training steps of a small MLP, after 3."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 1)).to("pjrt")
@@ -121,14 +123,32 @@ def test_identical_steps_reuse_one_program_and_donate():
     gc.collect()
     base_mem = torch.pjrt.memory_allocated()
     torch_pjrt.counters.reset()
-    for _ in range(5):
-        step()
+    losses = [step() for _ in range(steps)]
     m = torch_pjrt.metrics()
-    assert m.get("compiles", 0) == 0, m
-    assert m["graph_cache_hits"] == m["flushes"] >= 5
     gc.collect()
     assert torch.pjrt.memory_allocated() == base_mem
-    assert m["graph_outputs"] < m["graph_ops"]
+    return m, losses
+
+
+def test_identical_steps_reuse_their_programs_and_donate():
+    m, _ = _mlp_steps()
+    assert m.get("compiles", 0) == 0, m
+    assert m["graph_cache_hits"] == m["flushes"] == 10  # a forward and a backward program
+    assert m["flushes.backward"] == m["flushes.optimizer step"] == 5
+
+
+def test_a_backward_pass_starts_a_program_of_its_own(monkeypatch):
+    """TORCH_PJRT_FUSED_SPLIT_BACKWARD: the forward runs before the backward is recorded;
+    with it off the step is one graph, where the forward's activations die inside. The
+    losses are the same either way."""
+    split, split_losses = _mlp_steps()
+    monkeypatch.setattr(graph, "split_backward", False)
+    whole, whole_losses = _mlp_steps()
+    assert whole["flushes"] == whole["flushes.optimizer step"] == 5
+    assert "flushes.backward" not in whole
+    assert whole["graph_outputs"] < whole["graph_ops"] == split["graph_ops"]
+    assert split["graph_outputs"] > whole["graph_outputs"]
+    assert whole_losses == pytest.approx(split_losses, rel=1e-6)
 
 
 def test_same_results_as_strict():

@@ -13,6 +13,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
@@ -101,6 +102,7 @@ PyObject* s_due = nullptr;
 PyObject* s_max_ops = nullptr;
 PyObject* s_cache_hits = nullptr;
 PyObject* s_superseded = nullptr;
+PyObject* s_task = nullptr;
 
 // A storage record's attribute (new reference): its slot where it is a StorageRecord.
 PyObject* rec_attr(PyObject* rec, int slot, PyObject* name) {
@@ -479,8 +481,14 @@ struct PendingNode {
   Py_ssize_t cap = 0;
 
   // False (nothing changed) where the Python side must record: a graph pending for
-  // another device, or state of an unexpected shape.
+  // another device, an op of another autograd graph task than the last one (the start
+  // of a backward pass may flush: graph._backward_starts), or state of an unexpected
+  // shape.
   bool build(PyObject* entry, PyObject* dyn, long index, PyObject* values) {
+    PyObject* task = PyDict_GetItemWithError(S.graph, s_task);
+    if (task == nullptr || !PyLong_CheckExact(task) ||
+        PyLong_AsLong(task) != long(torch::autograd::get_current_graph_task_id()))
+      return false;
     graph_device = PyDict_GetItemWithError(S.graph, s_graph_device);
     if (graph_device == nullptr) return false;
     if (graph_device != Py_None && PyLong_AsLong(graph_device) != index) return false;
@@ -889,6 +897,7 @@ void add_op_kernel(py::module& m) {
   s_max_ops = intern("max_ops");
   s_cache_hits = intern("cache_hits");
   s_superseded = intern("_superseded");
+  s_task = intern("_task");
   if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) throw py::error_already_set();
   m.def("configure_op_kernel", &configure);
   m.def("register_op_kernels", &register_op_kernels);
