@@ -1,5 +1,6 @@
 """Fused eager: ops are recorded, flushed where a value is needed, cached by structure."""
 
+import copy
 import gc
 import subprocess
 import sys
@@ -188,3 +189,25 @@ def test_memory_pressure_flushes():
     assert torch_pjrt.metrics().get("flushes.memory pressure", 0) == 1
     assert kept[1][0].item() == 2
     m.set_limit(old_limit)
+
+
+def test_a_nested_backward_starts_no_program():
+    """Reentrant checkpointing runs a backward inside the backward: one cut per step, at
+    the outer backward's start, and the gradients are CPU PyTorch's."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    grads = {}
+    for device in ("cpu", "pjrt"):
+        model = copy.deepcopy(cpu).to(device)
+        torch_pjrt.counters.reset()
+        for _ in range(2):
+            model.zero_grad()
+            checkpoint(model, x.to(device).requires_grad_(), use_reentrant=True).sum().backward()
+        grads[device] = [p.grad.cpu() for p in model.parameters()]
+        if device == "pjrt":
+            assert torch_pjrt.metrics()["flushes.backward"] == 2
+    for a, b in zip(grads["cpu"], grads["pjrt"]):
+        torch.testing.assert_close(a, b)

@@ -116,18 +116,20 @@ def _append(entry, recs: list, dyn: list, device: int, inputs) -> Node:
 
 
 def _backward_starts() -> bool:
-    """Whether the op being recorded is the first of a backward pass (a new autograd graph
-    task). Flushing there makes a training step two programs, the forward and the
-    backward with whatever follows it (the optimizer step): the device runs the forward
-    while the host records the backward, and on XLA:CPU the two programs took 8-20% less
-    time than the one graph across both (docs/xla-cpu-performance.md). op_kernel.cpp
-    leaves an op to the Python side when the task changed (PendingNode::build)."""
+    """Whether the op being recorded starts a backward pass after ops outside any (an
+    autograd graph task after none; a backward nested in another, as reentrant
+    checkpointing runs, starts nothing). Flushing there makes a training step two
+    programs, the forward and the backward with what follows it (the optimizer step):
+    the device runs the forward while the host records the backward, and on XLA:CPU the
+    two took 8-20% less time than one graph across both (docs/xla-cpu-performance.md).
+    op_kernel.cpp leaves an op to the Python side when the task changed."""
     global _task
     task = torch._C._current_graph_task_id()
     if task == _task:
         return False
+    starts = _task == -1
     _task = task
-    return task != -1 and split_backward
+    return starts and split_backward
 
 
 def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]:
