@@ -38,7 +38,20 @@ CASES = {
     "dtype view": lambda a, b: a.view(torch.int32) + 1,
     "where": lambda a, b: torch.where(a > 0, a, b),
     "pow scalar": lambda a, b: a.abs() ** 0.5,
+    # the indexing ops' native kernel hands calls with boolean masks to their Python kernel
+    "boolean mask": lambda a, b: a[a > 0],
+    "uint8 mask": lambda a, b: a[(a > 0).to(torch.uint8)],
+    "index_put": lambda a, b: a.index_put((torch.tensor([0, 2], device=a.device),), b[:2]),
+    "index_put_ with a mask": lambda a, b: a.clone().index_put_((a > 0,), b[0]),
+    "masked assignment": lambda a, b: _assign(a.clone(), a < 0, b[3]),
+    "index_put_ accumulate": lambda a, b: a.clone().index_put_(
+        (torch.tensor([1, 1, 4], device=a.device),), b[:3], accumulate=True),
 }
+
+
+def _assign(x, mask, value):
+    x[mask] = value
+    return x
 
 
 @pytest.mark.parametrize("case", CASES)

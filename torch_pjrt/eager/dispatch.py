@@ -41,7 +41,7 @@ METADATA_OPS = (
 def register_kernel(op: torch._ops.OpOverload) -> None:
     """Serve `op` on pjrt with its lowering: the native kernel of lowered ops
     (runtime/native/op_kernel.cpp), which lives as long as the process."""
-    executor._native.register_op_kernels(op.namespace, [(_qualname(op), opspec.spec(op))])
+    executor._native.register_op_kernels(op.namespace, [(_qualname(op), opspec.spec(op), None)])
 
 
 def _variants(op: torch._ops.OpOverload):
@@ -204,12 +204,19 @@ def _via_executor(op):
     return functools.partial(executor.kernel, opspec.spec(op))
 
 
-def _masked_kernels() -> dict:
-    """Indexing ops that take boolean masks: masks become indices first."""
+def _mask_kernels() -> dict:
+    """Lowered indexing ops whose calls with boolean masks turn the masks into indices
+    first: the native kernel hands those calls (only) to these."""
     return {
         aten.index.Tensor: dynamic.make_index(_via_executor(aten.index.Tensor)),
         aten.index_put.default: dynamic.make_index_put(_via_executor(aten.index_put.default)),
         aten.index_put_.default: dynamic.make_index_put(_via_executor(aten.index_put_.default)),
+    }
+
+
+def _masked_kernels() -> dict:
+    """Data-dependent ops, and the indexing op with masks the native kernel does not see."""
+    return {
         aten._index_put_impl_.default: dynamic.make_index_put(
             _via_executor(aten.index_put_.default)),
         aten.nonzero.default: dynamic.nonzero,
@@ -234,11 +241,13 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     for op, fn in special.items():
         lib.impl(_qualname(op), fn)
     # Lowered ops: the native kernel (runtime/native/op_kernel.cpp), per namespace.
+    masks = _mask_kernels()
     by_namespace: dict[str, list] = {}
     for op in lowered_ops():
         if op in special or op in METADATA_OPS:
             continue
-        by_namespace.setdefault(op.namespace, []).append((_qualname(op), opspec.spec(op)))
+        by_namespace.setdefault(op.namespace, []).append(
+            (_qualname(op), opspec.spec(op), masks.get(op)))
     for namespace, ops in by_namespace.items():
         executor._native.register_op_kernels(namespace, ops)
     fallback_lib.fallback(fallback.run)

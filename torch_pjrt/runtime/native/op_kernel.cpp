@@ -21,6 +21,7 @@
 
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "shim.h"
@@ -692,12 +693,28 @@ bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device
 }
 
 // ------------------------------------------------------------------ the kernel
+// Whether a tensor list argument holds a boolean (or uint8) mask: indexing with one has
+// a data-dependent result, which the op's Python kernel turns into indices first.
+bool has_mask(c10::ArrayRef<c10::IValue> args) {
+  for (const c10::IValue& v : args) {
+    if (!v.isList()) continue;
+    for (const c10::IValue& x : v.toListRef()) {
+      if (!x.isTensor() || !x.toTensor().defined()) continue;
+      auto t = x.toTensor().scalar_type();
+      if (t == c10::ScalarType::Bool || t == c10::ScalarType::Byte) return true;
+    }
+  }
+  return false;
+}
+
 // The PrivateUse1 kernel of one lowered op.
 struct OpKernel final : c10::OperatorKernel {
   PyObject* spec;  // opspec.OpSpec (strong references, never released: ops live forever)
   PyObject* plan;  // spec.plan
+  PyObject* masks;  // the op's Python kernel for calls indexing with masks, or None
 
-  OpKernel(py::object s, py::object p) : spec(s.release().ptr()), plan(p.release().ptr()) {}
+  OpKernel(py::object s, py::object p, py::object m)
+      : spec(s.release().ptr()), plan(p.release().ptr()), masks(m.release().ptr()) {}
 
   // The key of the call's arguments (every schema argument, from the stack).
   PyObject* find(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
@@ -772,7 +789,8 @@ struct OpKernel final : c10::OperatorKernel {
     auto args = torch::jit::last(*stack, n);
     py::gil_scoped_acquire gil;
     py::object found = py::none();
-    if (!flag(S.modes, s_debug)) {
+    bool masked = masks != Py_None && has_mask(args);
+    if (!masked && !flag(S.modes, s_debug)) {
       PyObject* hit = find(schema, args);
       if (hit != nullptr) found = py::reinterpret_steal<py::object>(hit);
       PyObject* entry = hit != nullptr ? PyTuple_GET_ITEM(hit, 0) : nullptr;
@@ -789,7 +807,9 @@ struct OpKernel final : c10::OperatorKernel {
       if (v == nullptr) throw py::error_already_set();
       PyTuple_SET_ITEM(values.ptr(), Py_ssize_t(i), v);
     }
-    PyObject* r = PyObject_CallFunctionObjArgs(S.call, spec, found.ptr(), values.ptr(), nullptr);
+    PyObject* r = masked ? PyObject_Call(masks, values.ptr(), nullptr)
+                         : PyObject_CallFunctionObjArgs(S.call, spec, found.ptr(), values.ptr(),
+                                                        nullptr);
     if (r == nullptr) throw py::error_already_set();
     py::object result = py::reinterpret_steal<py::object>(r);
     torch::jit::drop(*stack, n);
@@ -806,17 +826,19 @@ struct OpKernel final : c10::OperatorKernel {
   }
 };
 
-// register_op_kernels(namespace, [(name, spec), ...]): the kernel above for each op.
-void register_op_kernels(const std::string& ns, const std::vector<std::pair<std::string, py::object>>& ops) {
+// register_op_kernels(namespace, [(name, spec, masks), ...]): the kernel above for each
+// op; `masks`: its Python kernel for calls indexing with boolean masks, or None.
+void register_op_kernels(const std::string& ns,
+                         const std::vector<std::tuple<std::string, py::object, py::object>>& ops) {
   TORCH_CHECK(configured, "pjrt: configure_op_kernel() first");
   static std::map<std::string, torch::Library*> libraries;  // one per namespace, never freed
   torch::Library*& lib = libraries[ns];
   if (lib == nullptr)
     lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1,
                              __FILE__, __LINE__);
-  for (const auto& [name, spec] : ops) {
+  for (const auto& [name, spec, masks] : ops) {
     lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                                std::make_unique<OpKernel>(spec, spec.attr("plan"))));
+                                std::make_unique<OpKernel>(spec, spec.attr("plan"), masks)));
   }
 }
 
