@@ -2,8 +2,10 @@
 // kernel of every lowered op. In fused mode a call whose signature is cached, of an op
 // that returns one fresh tensor or the one argument it writes in place, is recorded
 // into the pending graph here, without running Python code; every other call goes on
-// to eager/executor.py (native_call), which owns the executor's logic. The objects built here (graph.Node, graph.Lazy,
-// table.StorageRecord) are the Python classes', their __slots__ filled directly.
+// to eager/executor.py (native_call), which owns the executor's logic, and an indexing
+// call with a boolean mask to its op's Python kernel. The objects built here
+// (graph.Node, graph.Lazy, table.StorageRecord) are the Python classes', their
+// __slots__ filled directly.
 
 #include <Python.h>
 #include <structmember.h>
@@ -574,6 +576,18 @@ PyObject* flat_aval(PyObject* avals, Py_ssize_t i) {
   return aval;
 }
 
+// StorageRecord.set(lazy): a storage record's value, and the dtype and element count
+// of its aval ((numel,), jax dtype).
+void set_value(PyObject* rec, py::object lazy, PyObject* aval) {
+  PyObject* jdtype = PyTuple_GET_ITEM(aval, 1);
+  PyObject* numel = PyTuple_GET_ITEM(PyTuple_GET_ITEM(aval, 0), 0);
+  S.rec.put(rec, kRecValue, lazy.release().ptr());
+  Py_INCREF(jdtype);
+  S.rec.put(rec, kRecDtype, jdtype);
+  Py_INCREF(numel);
+  S.rec.put(rec, kRecNumel, numel);
+}
+
 // graph.record_single() of a cached op whose one fresh result is the call's return:
 // false (nothing changed) where the Python side must do it (see PendingNode::build;
 // memory near its limit, where the graph may have to run first).
@@ -615,13 +629,7 @@ bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values
 
   py::object rec = py::reinterpret_steal<py::object>(S.rec.make());
   if (!rec) return false;
-  S.rec.put(rec.ptr(), kRecValue, p.lazy(0, aval).release().ptr());
-  PyObject* jdtype = PyTuple_GET_ITEM(aval, 1);
-  Py_INCREF(jdtype);
-  S.rec.put(rec.ptr(), kRecDtype, jdtype);
-  PyObject* numel = PyTuple_GET_ITEM(PyTuple_GET_ITEM(aval, 0), 0);
-  Py_INCREF(numel);
-  S.rec.put(rec.ptr(), kRecNumel, numel);
+  set_value(rec.ptr(), p.lazy(0, aval), aval);
   PyObject* nb = PyTuple_GET_ITEM(o, 4);
   Py_INCREF(nb);
   S.rec.put(rec.ptr(), kRecNbytes, nb);
@@ -678,17 +686,8 @@ bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device
     }
   }
   p.append();
-  for (Py_ssize_t i = 0; i < n; ++i) {  // StorageRecord.set(lazy)
-    PyObject* rec = targets[size_t(i)];
-    PyObject* aval = target_avals[size_t(i)];
-    PyObject* jdtype = PyTuple_GET_ITEM(aval, 1);
-    PyObject* numel = PyTuple_GET_ITEM(PyTuple_GET_ITEM(aval, 0), 0);
-    S.rec.put(rec, kRecValue, lazies[size_t(i)].release().ptr());
-    Py_INCREF(jdtype);
-    S.rec.put(rec, kRecDtype, jdtype);
-    Py_INCREF(numel);
-    S.rec.put(rec, kRecNumel, numel);
-  }
+  for (Py_ssize_t i = 0; i < n; ++i)
+    set_value(targets[size_t(i)], std::move(lazies[size_t(i)]), target_avals[size_t(i)]);
   return true;
 }
 
