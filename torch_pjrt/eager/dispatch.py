@@ -204,7 +204,7 @@ def _via_executor(op):
     return functools.partial(executor.kernel, opspec.spec(op))
 
 
-def _mask_kernels() -> dict:
+def _index_mask_kernels() -> dict:
     """Lowered indexing ops whose calls with boolean masks turn the masks into indices
     first: the native kernel hands those calls (only) to these."""
     return {
@@ -214,7 +214,7 @@ def _mask_kernels() -> dict:
     }
 
 
-def _masked_kernels() -> dict:
+def _data_dependent_kernels() -> dict:
     """Data-dependent ops, and the indexing op with masks the native kernel does not see."""
     return {
         aten._index_put_impl_.default: dynamic.make_index_put(
@@ -237,11 +237,11 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     _COPY_SPEC = opspec.spec(aten.copy_.default)
     _TO_COPY_SPEC = opspec.spec(aten._to_copy.default)
     executor._native.register_metadata_ops([_qualname(op) for op in METADATA_OPS])
-    special = {**SPECIAL_KERNELS, **_masked_kernels()}
+    special = {**SPECIAL_KERNELS, **_data_dependent_kernels()}
     for op, fn in special.items():
         lib.impl(_qualname(op), fn)
     # Lowered ops: the native kernel (runtime/native/op_kernel.cpp), per namespace.
-    masks = _mask_kernels()
+    masks = _index_mask_kernels()
     by_namespace: dict[str, list] = {}
     for op in lowered_ops():
         if op in special or op in METADATA_OPS:

@@ -38,6 +38,8 @@ _MASK_DTYPES = (torch.bool, torch.uint8)
 
 
 def _has_mask(indices) -> bool:
+    """Whether an index is a mask (op_kernel.cpp's has_mask decides the same for the native
+    kernel: keep the two alike)."""
     for i in indices:  # a loop, not any(): this runs on every indexing op
         if i is not None and i.dtype in _MASK_DTYPES:
             return True

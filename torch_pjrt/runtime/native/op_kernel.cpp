@@ -693,7 +693,8 @@ bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device
 
 // ------------------------------------------------------------------ the kernel
 // Whether a tensor list argument holds a boolean (or uint8) mask: indexing with one has
-// a data-dependent result, which the op's Python kernel turns into indices first.
+// a data-dependent result, which the op's Python kernel turns into indices first
+// (eager/dynamic.py's _has_mask: keep the two alike).
 bool has_mask(c10::ArrayRef<c10::IValue> args) {
   for (const c10::IValue& v : args) {
     if (!v.isList()) continue;
