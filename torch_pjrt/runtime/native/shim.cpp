@@ -270,6 +270,27 @@ struct PjrtHooks final : at::PrivateUse1HooksInterface {
 PjrtHooks hooks;
 PjrtGuard guard;
 
+// ------------------------------------------------ shallow-copy compatibility
+// `param.data = t` and Module._apply (`.to`, `.half()`, `to_empty`) keep a tensor's
+// identity only where PyTorch deems the two tensors' types shallow-copy compatible;
+// otherwise a module gets a new Parameter per module, and tied weights come apart.
+// TensorImpl's own rule knows the in-tree dense backends (CPU, CUDA, ...) and leaves
+// PrivateUse1 to this op: a dense pjrt tensor is compatible with any dense tensor of
+// those backends, as a CUDA tensor is with a CPU one.
+bool is_dense(c10::DispatchKeySet ks) {
+  using c10::BackendComponent;
+  constexpr auto backends = c10::DispatchKeySet(
+      {BackendComponent::CPUBit, BackendComponent::CUDABit, BackendComponent::MPSBit,
+       BackendComponent::HIPBit, BackendComponent::XPUBit, BackendComponent::HPUBit,
+       BackendComponent::MTIABit, BackendComponent::PrivateUse1Bit});
+  return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends);
+}
+
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  return (is_dense(self.key_set()) && is_dense(from.key_set())) ||
+         self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 // ------------------------------------------------------------ python entry
 void install(py::object count_fn, py::object free_fn, py::object sync_fn) {
   count_callback = new py::object(std::move(count_fn));
@@ -278,6 +299,9 @@ void install(py::object count_fn, py::object free_fn, py::object sync_fn) {
   c10::SetAllocator(kPjrt, &allocator, /*priority=*/100);
   c10::impl::registerDeviceGuard(kPjrt, &guard);
   at::RegisterPrivateUse1HooksInterface(&hooks);
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                        c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  lib->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
 at::Tensor empty_strided(const std::vector<int64_t>& size,
