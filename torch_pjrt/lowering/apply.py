@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ..storage import dtypes
-from .kinds import GENERATOR, OPT_TENSOR, SCALAR, TENSOR, TENSOR_LIST
+from .kinds import GENERATOR, OPT_TENSOR, SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST
 
 _KINDS = {
     "default": ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
@@ -63,6 +63,34 @@ def _cast(val, dtype):
     return val  # None, or a Python number (weakly typed: it takes the array's dtype)
 
 
+_NUMBERS = (bool, int, float, complex)
+
+
+def _as_array(v):
+    """A Python number as a weakly typed 0-d array (what eager passes for a run-time value)."""
+    return jnp.asarray(v) if type(v) in _NUMBERS else v
+
+
+def _run_time(a, v, static: frozenset):
+    """The value a lowering gets for argument `a`, whichever mode called it.
+
+    Eager passes run-time Scalars (and numbers where a Tensor is expected) as 0-d arrays;
+    a compiled graph holds them as Python constants. Both reach the lowering as arrays, so
+    a lowering written against one mode works in the other; a Scalar that is static or
+    equal to its schema default stays a Python value in both."""
+    kind = a.kind
+    if kind == TENSOR or kind == OPT_TENSOR:
+        return _as_array(v)
+    if kind == SCALAR:
+        if type(v) not in _NUMBERS or a.name in static \
+                or (type(v) is type(a.default) and v == a.default):
+            return v
+        return jnp.asarray(v)
+    if kind == SCALAR_LIST and isinstance(v, (list, tuple)):
+        return [_as_array(x) for x in v]
+    return v
+
+
 def flatten(result) -> list:
     """A lowering's result as a flat list in order; None stays (an undefined tensor)."""
     if isinstance(result, (tuple, list)):
@@ -77,6 +105,7 @@ def invoke(spec, values: list, compute: dict | None, meta_structs: list | None, 
     for a, v in zip(spec.args, values):
         if a.kind == GENERATOR or (spec.is_out and a.write):
             continue
+        v = _run_time(a, v, lowering.static)
         if compute is not None and a.name in compute:
             v = _cast(v, compute[a.name])
         if a.kwarg_only:
