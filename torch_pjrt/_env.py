@@ -19,8 +19,13 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_EAGER_MODE", "fused", "Eager execution mode: fused, strict or debug."),
     EnvVar("TORCH_PJRT_CPU_FALLBACK", "1", "1: ops without a lowering run on the CPU (counted, "
            "warned once); 0: they raise RuntimeError."),
-    EnvVar("TORCH_PJRT_CACHE_DIR", "", "Directory for the native shim build and the persistent "
-           "compile cache; empty: $XDG_CACHE_HOME/torch_pjrt (or ~/.cache/torch_pjrt)."),
+    EnvVar("TORCH_PJRT_CACHE_DIR", "", "Directory of the persistent compile cache; empty: "
+           "$XDG_CACHE_HOME/torch_pjrt (or ~/.cache/torch_pjrt). Created for the user alone "
+           "(0700); refused, with a warning, where another user owns it or others can write it."),
+    EnvVar("TORCH_PJRT_CACHE_SHARED", "0", "1: use a compile cache (and its entries) that "
+           "other users own or can write, for a team sharing one on purpose. Its entries are "
+           "unpickled and run as code: whoever can write there runs code in every process "
+           "that reads it (docs/reliability.md)."),
     EnvVar("TORCH_PJRT_COMPILE_CACHE", "1", "1: keep compiled XLA programs on disk under "
            "TORCH_PJRT_CACHE_DIR/xla and reuse them across processes; 0: off."),
     EnvVar("TORCH_PJRT_CACHE_MAX_BYTES", "4e9", "Size limit of the on-disk compile cache; the "

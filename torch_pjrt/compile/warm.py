@@ -17,8 +17,9 @@ compiles (and only then):
   state, and what keys our XLA programs (versions, torch-pjrt's sources,
   platform, matmul precision, bucketing);
 - its entries live in Inductor's cache directory as bare pickles; ours are
-  under TORCH_PJRT_CACHE_DIR/aot with a checksum, and a damaged one is deleted
-  and compiled again.
+  under TORCH_PJRT_CACHE_DIR/aot with a checksum, checked as every file of our
+  cache is (runtime/cache_files.py): a damaged one is deleted and compiled again,
+  one another user owns or others can write is not unpickled.
 
 Everything else is AOTAutograd's own: its guards on dynamic sizes, the runtime
 wrappers it rebuilds on a hit. Dynamo still traces the user's code (and checks
@@ -35,9 +36,7 @@ import functools
 import hashlib
 import os
 import pickle
-import struct
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,10 +44,9 @@ import torch
 from torch._inductor.output_code import OutputCode
 
 from .. import _env, counters
-from ..runtime import compile_cache
+from ..runtime import cache_files, compile_cache
 
 _MAGIC = b"TPJRTAO1"
-_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of payload
 _SUFFIX = ".aot"
 _MAX_SHARE = 0.1  # of the compile cache's size limit, for these entries
 
@@ -60,7 +58,7 @@ def enabled() -> bool:
 
 
 def directory() -> str:
-    return os.path.join(_env.cache_dir(), "aot")
+    return os.path.join(compile_cache.root(), "aot")
 
 
 # ------------------------------------------------------------------ the output code
@@ -257,18 +255,15 @@ def _candidates(cls, local: bool, remote_cache, key: str) -> Iterator[tuple[Any,
         return
     for name in names:
         path = os.path.join(folder, name)
+        content = cache_files.read(path, compile_cache.root(), "AOTAutograd entry",
+                                   "aot_cache", _MAGIC)
+        if content is None:
+            continue
         try:
-            with open(path, "rb") as f:
-                blob = f.read()
-            magic, length, checksum = _HEADER.unpack_from(blob)
-            content = blob[_HEADER.size:]
-            if magic != _MAGIC or length != len(content) or \
-                    hashlib.sha256(content).digest() != checksum:
-                raise ValueError("bad header, length or checksum")
             entry = pickle.loads(content)
-        except Exception:  # noqa: BLE001 - a damaged entry is compiled again, never fatal
-            counters.count("aot_cache_corrupt")
-            _remove(path)
+        except Exception as e:  # noqa: BLE001 - a damaged entry is compiled again, never fatal
+            cache_files.damaged(path, "AOTAutograd entry", "aot_cache",
+                                f"does not unpickle: {e!r:.200}")
             continue
         with contextlib.suppress(OSError):
             os.utime(path)  # most recently used
@@ -277,31 +272,15 @@ def _candidates(cls, local: bool, remote_cache, key: str) -> Iterator[tuple[Any,
 
 def _write(key: str, content: bytes) -> None:
     """Replaces AOTAutogradCache._write_to_local_cache: atomic, with a checksum."""
-    folder = _entry_dir(key)
-    blob = _HEADER.pack(_MAGIC, len(content), hashlib.sha256(content).digest()) + content
-    path = os.path.join(folder, hashlib.sha256(content).hexdigest()[:32] + _SUFFIX)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except OSError:
+    path = os.path.join(_entry_dir(key), hashlib.sha256(content).hexdigest()[:32] + _SUFFIX)
+    if not cache_files.write(path, compile_cache.root(), _MAGIC, content):
         return
     counters.count("aot_cache_writes")
     _evict(int(compile_cache.max_bytes() * _MAX_SHARE))
 
 
 def _entries() -> list[tuple[float, int, str]]:
-    out = []
-    for dirpath, _, filenames in os.walk(directory()):
-        for name in filenames:
-            if name.endswith(_SUFFIX):
-                path = os.path.join(dirpath, name)
-                with contextlib.suppress(OSError):
-                    st = os.stat(path)
-                    out.append((st.st_mtime, st.st_size, path))
-    return out
+    return cache_files.entries(directory(), _SUFFIX)
 
 
 def _evict(limit: int) -> None:
@@ -311,16 +290,8 @@ def _evict(limit: int) -> None:
     for _, size, path in entries:
         if total <= limit:
             break
-        if _remove(path):
+        if cache_files.remove(path):
             total -= size
-
-
-def _remove(path: str) -> bool:
-    try:
-        os.remove(path)
-        return True
-    except OSError:
-        return False
 
 
 def info() -> dict:
@@ -332,7 +303,7 @@ def info() -> dict:
 
 def clear() -> int:
     """Delete every entry; returns how many there were."""
-    return sum(_remove(path) for _, _, path in _entries())
+    return sum(cache_files.remove(path) for _, _, path in _entries())
 
 
 # ------------------------------------------------------------------ the scope

@@ -7,10 +7,11 @@ sources), the platform and device kind. A warm process deserializes the
 executable instead of tracing, lowering and compiling it.
 
 Entries are written to a temporary file and renamed into place, so readers in
-other processes never see a partial entry; a corrupt or truncated entry (bad
-magic, length or checksum, or a failed deserialization) is deleted and
-recompiled. When the directory grows past its size limit the least recently
-used entries are evicted.
+other processes never see a partial entry; a damaged entry (unreadable, bad magic,
+length or checksum, or a failed deserialization) is deleted and recompiled, and
+one that another user owns or others can write is not loaded (runtime/cache_files.py
+does the checking, for every file of the cache). When the directory grows past its
+size limit the least recently used entries are evicted.
 """
 
 from __future__ import annotations
@@ -19,23 +20,28 @@ import functools
 import hashlib
 import os
 import pickle
-import struct
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .. import _env, counters
+from . import cache_files
 
 _MAGIC = b"TPJRTXC1"
-_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of payload
 _SUFFIX = ".xc"
 
 _total_bytes: int | None = None  # this process's running estimate of the cache size
 
 
 def enabled() -> bool:
-    return _env.flag("TORCH_PJRT_COMPILE_CACHE")
+    """Whether programs are kept on disk: on (TORCH_PJRT_COMPILE_CACHE), and the cache
+    directory is this user's alone (or shared on purpose: cache_files.usable)."""
+    return _env.flag("TORCH_PJRT_COMPILE_CACHE") and cache_files.usable(root())
+
+
+def root() -> str:
+    """The cache directory (TORCH_PJRT_CACHE_DIR): xla/ and aot/ are under it."""
+    return os.path.abspath(_env.cache_dir())
 
 
 def max_bytes() -> int:
@@ -43,7 +49,7 @@ def max_bytes() -> int:
 
 
 def directory() -> str:
-    return os.path.join(_env.cache_dir(), "xla")
+    return os.path.join(root(), "xla")
 
 
 # The parts of torch-pjrt whose code shapes the compiled programs.
@@ -118,18 +124,11 @@ def load(name: str, device: int):
     if not enabled():
         return None
     path = _path(name)
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError:
+    payload = cache_files.read(path, root(), "program", "disk_cache", _MAGIC)
+    if payload is None:
         counters.count("disk_cache_misses")
         return None
     try:
-        magic, length, checksum = _HEADER.unpack_from(blob)
-        payload = blob[_HEADER.size:]
-        if magic != _MAGIC or length != len(payload) or \
-                hashlib.sha256(payload).digest() != checksum:
-            raise ValueError("bad header, length or checksum")
         from jax.experimental.serialize_executable import deserialize_and_load
 
         from . import client, cpu_kernels
@@ -141,10 +140,9 @@ def load(name: str, device: int):
             cpu_kernels.available()  # registers the kernels' handlers
         compiled = deserialize_and_load(*serialized,
                                         execution_devices=[client.device(device)])
-    except Exception:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
-        counters.count("disk_cache_corrupt")  # and a miss: it is compiled again
-        counters.count("disk_cache_misses")
-        _remove(path)
+    except Exception as e:  # noqa: BLE001 - a damaged entry is recompiled, never fatal
+        cache_files.damaged(path, "program", "disk_cache", f"does not load: {e!r:.200}")
+        counters.count("disk_cache_misses")  # and a miss: it is compiled again
         return None
     counters.count("disk_cache_hits")
     try:
@@ -158,7 +156,7 @@ def store(name: str, compiled, side: Any = None) -> None:
     """Write `compiled` (and `side`, what tracing learned that the program does not say,
     e.g. which outputs are device-side check flags) under `name` atomically; evict old
     entries past the size limit."""
-    if not enabled():
+    if not enabled() or not cache_files.writable(root()):
         return
     try:
         from jax.experimental.serialize_executable import serialize
@@ -167,18 +165,10 @@ def store(name: str, compiled, side: Any = None) -> None:
     except Exception:  # noqa: BLE001 - some executables cannot be serialized: skip them
         counters.count("disk_cache_unserializable")
         return
-    blob = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
-    path = _path(name)
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except OSError:
+    if not cache_files.write(_path(name), root(), _MAGIC, payload):
         return
     counters.count("disk_cache_writes")
-    _account(len(blob))
+    _account(len(payload))
 
 
 def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side=None,
@@ -251,20 +241,7 @@ def _entry_point(compiled):
 
 # ------------------------------------------------------------------ eviction
 def _entries() -> list[tuple[float, int, str]]:
-    out = []
-    root = directory()
-    if not os.path.isdir(root):
-        return out
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            if name.endswith(_SUFFIX):
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                out.append((st.st_mtime, st.st_size, path))
-    return out
+    return cache_files.entries(directory(), _SUFFIX)
 
 
 def _account(nbytes: int) -> None:
@@ -286,20 +263,12 @@ def evict(target_bytes: int) -> int:
     for _, size, path in entries:
         if total <= target_bytes:
             break
-        if _remove(path):
+        if cache_files.remove(path):
             total -= size
             removed += 1
     counters.count("disk_cache_evictions", removed)
     _total_bytes = total
     return removed
-
-
-def _remove(path: str) -> bool:
-    try:
-        os.remove(path)
-        return True
-    except OSError:
-        return False
 
 
 def info() -> dict[str, Any]:
@@ -319,7 +288,7 @@ def clear() -> int:
     """Delete every entry; returns how many there were."""
     n = 0
     for _, _, path in _entries():
-        n += _remove(path)
+        n += cache_files.remove(path)
     from . import warm_start
 
     warm_start.forget()

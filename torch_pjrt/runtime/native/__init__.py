@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import platform
+import shutil
 import sys
+import tempfile
 from types import ModuleType
 
 import torch
@@ -16,6 +19,13 @@ _SOURCES = [os.path.join(os.path.dirname(__file__), name)
             for name in ("shim.cpp", "op_kernel.cpp", "cpu_kernels.cpp")]
 _HEADERS = [os.path.join(os.path.dirname(__file__), "shim.h")]
 _NAME = "torch_pjrt_native"
+
+
+def _base_dir() -> str:
+    # A build artifact, not part of the compile cache: it stays in the user's cache
+    # directory whatever TORCH_PJRT_CACHE_DIR says.
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch_pjrt")
 
 
 def _build_dir() -> str:
@@ -29,10 +39,28 @@ def _build_dir() -> str:
 
     py = f"{sys.version_info[0]}{sys.version_info[1]}"
     tag = f"torch{torch.__version__}-jaxlib{jaxlib.__version__}-py{py}-{digest}"
-    # A build artifact, not part of the compile cache: it stays in the user's cache
-    # directory whatever TORCH_PJRT_CACHE_DIR says.
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "torch_pjrt", "native", tag)
+    return os.path.join(_base_dir(), "native", tag)
+
+
+def _private_build_dir() -> str:
+    """The build directory, where it is this user's alone (the shim is loaded into the
+    process: whoever can write there runs code in it); else a fresh private one, with a
+    warning (this process builds the shim again)."""
+    from ..cache_files import private_dir, untrusted, warn_once
+
+    build_dir = _build_dir()
+    reason = private_dir(build_dir, _base_dir())
+    so = os.path.join(build_dir, _NAME + ".so")
+    if reason is None and os.path.lexists(so):
+        reason = untrusted(os.lstat(so), allow_shared=False)
+        reason = reason and f"{so} is {reason}"
+    if reason is None:
+        return build_dir
+    warn_once("refused", "native build", f"pjrt: the native shim's build directory is not "
+              f"used: {reason}; it is built in a private temporary directory instead")
+    private = tempfile.mkdtemp(prefix="torch_pjrt_native-")
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    return private
 
 
 def _import_so(path: str) -> ModuleType:
@@ -56,11 +84,10 @@ def _arch_flags() -> list[str]:
 
 def load() -> ModuleType:
     """The shim module, compiling it first if this machine has no build of it."""
-    build_dir = _build_dir()
+    build_dir = _private_build_dir()
     so = os.path.join(build_dir, _NAME + ".so")
     if os.path.exists(so):
         return _import_so(so)
-    os.makedirs(build_dir, exist_ok=True)
     import jax
     from torch.utils import cpp_extension
 
