@@ -4,6 +4,10 @@ from .runtime import DEVICE_TYPE, ensure_initialized, register
 
 register()
 
+from .distributed import register as _register_distributed  # noqa: E402
+
+_register_distributed()
+
 from . import kernels  # noqa: E402
 from .counters import metrics  # noqa: E402
 from .eager.modes import get as get_eager_mode  # noqa: E402

@@ -50,6 +50,13 @@ VARIABLES: tuple[EnvVar, ...] = (
            "to a bucket and compile once per bucket; the value is buckets per doubling of the "
            "size (1, 2, 4, 8 or 16; sizes up to 16 use powers of two); 0 or off: compile once "
            "per shape (docs/dynamic-shapes.md)."),
+    EnvVar("TORCH_PJRT_COORDINATOR", "", "Multi-process jobs: host:port where rank 0 serves "
+           "JAX's coordination service; empty: MASTER_ADDR and MASTER_PORT + 1 "
+           "(docs/distributed.md)."),
+    EnvVar("TORCH_PJRT_DIST_CHECK", "1", "1: before each collective of a pjrt process group "
+           "its ranks agree through the group's store on the call (a rank missing past the "
+           "group's timeout, or a different collective, shape or dtype, raises "
+           "DistBackendError on every rank); 0: no check (a mismatch can hang or abort)."),
     EnvVar("TORCH_PJRT_VERBOSE", "0", "1: log compiles and CPU fallbacks to stderr."),
 )
 

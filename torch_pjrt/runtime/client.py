@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import jax
 
@@ -13,10 +14,23 @@ from .. import _env
 jax.config.update("jax_enable_x64", True)
 
 
+# Steps that must run before JAX starts the PJRT client, registered by upper layers:
+# distributed/ brings up JAX's multi-process runtime there when torchrun's variables say
+# the job has several processes. A step returns None, or the JAX process indices whose
+# devices are pjrt:0, pjrt:1, ... in this process (the processes on this host, in local
+# rank order: pjrt:LOCAL_RANK is this process's own device, as cuda:LOCAL_RANK is).
+before_start: list[Callable[[], list[int] | None]] = []
+_own = [0]  # the index of this process's own device (its first, single-process)
+_foreign: set[int] = set()  # indices of other processes' devices
+
+
 @functools.cache
 def devices() -> tuple[jax.Device, ...]:
-    """The local PJRT devices, in index order (pjrt:0, pjrt:1, ...)."""
+    """The PJRT devices, in index order (pjrt:0, pjrt:1, ...)."""
     platform = _env.get("TORCH_PJRT_PLATFORM").strip().lower() or None
+    host_processes = None
+    for step in before_start:
+        host_processes = step() or host_processes
     if platform == "cpu" or (platform is None and not _accelerator_plugins()):
         from . import host_memory
 
@@ -27,7 +41,28 @@ def devices() -> tuple[jax.Device, ...]:
         raise RuntimeError(
             f"torch_pjrt: no PJRT devices for TORCH_PJRT_PLATFORM={platform!r}: {e}"
         ) from None
-    return tuple(sorted(found, key=lambda d: d.id))
+    if host_processes is None:
+        return tuple(sorted(found, key=lambda d: d.id))
+    # Several processes: each uses one device, its first; the others' are listed so that
+    # device indices mean the same device in every process of the host.
+    first = {}
+    for d in sorted(jax.devices(platform), key=lambda d: d.id):
+        first.setdefault(d.process_index, d)
+    _own[0] = host_processes.index(jax.process_index())
+    _foreign.update(i for i in range(len(host_processes)) if i != _own[0])
+    return tuple(first[p] for p in host_processes)
+
+
+def started() -> bool:
+    """Whether the PJRT client is up (devices() ran)."""
+    return devices.cache_info().currsize > 0
+
+
+def own_index() -> int:
+    """The index of the device this process computes on by default (pjrt:LOCAL_RANK in a
+    multi-process job, else pjrt:0)."""
+    devices()
+    return _own[0]
 
 
 def _accelerator_plugins() -> bool:
@@ -52,6 +87,11 @@ def device(index: int) -> jax.Device:
         raise RuntimeError(
             f"pjrt: invalid device index {index} (there are {len(devs)} pjrt devices)"
         )
+    if index in _foreign:
+        raise RuntimeError(
+            f"pjrt: pjrt:{index} is the device of another process of this job (local rank "
+            f"{index}); this process computes on pjrt:{_own[0]} (torch.pjrt.set_device("
+            f"LOCAL_RANK), or tensors on 'pjrt' without an index)")
     return devs[index]
 
 

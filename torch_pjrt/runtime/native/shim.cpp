@@ -34,7 +34,10 @@ namespace {
 
 using torch_pjrt::kPjrt;
 
-thread_local c10::DeviceIndex current_device = 0;
+// A thread starts on the process's default device: pjrt:0, or pjrt:LOCAL_RANK in a
+// multi-process job (set_default_device, before the client starts).
+std::atomic<int> default_device{0};
+thread_local c10::DeviceIndex current_device = c10::DeviceIndex(default_device.load());
 std::atomic<int> known_device_count{-1};
 bool shutting_down = false;
 
@@ -386,6 +389,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("default_generator", [](int i) { return default_generators().at(check_index(c10::DeviceIndex(i))); });
   m.def("current_device", [] { return int(current_device); });
   m.def("set_device", [](int i) { current_device = check_index(c10::DeviceIndex(i)); });
+  m.def("set_default_device", [](int i) {
+    default_device.store(i);
+    current_device = c10::DeviceIndex(i);
+  });
   m.def("device_from_ptr", [](uint64_t p) { return int(index_from_ptr(reinterpret_cast<void*>(p))); });
   m.def("shutdown", [] { shutting_down = true; });
   m.def("cpu_kernels", [] {  // cpu_kernels.cpp: {XLA FFI target: handler}, empty without MKL

@@ -1,0 +1,24 @@
+"""One rank of a launch.run() job: calls module:function and writes its result as JSON."""
+
+import importlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    target, out_dir = sys.argv[1], sys.argv[2]
+    module, function = target.split(":")
+    result = getattr(importlib.import_module(module), function)()
+    rank = os.environ["RANK"]
+    with open(os.path.join(out_dir, f"result{rank}.json.tmp"), "w") as f:
+        json.dump(result, f)
+    os.replace(os.path.join(out_dir, f"result{rank}.json.tmp"),
+               os.path.join(out_dir, f"result{rank}.json"))
+
+
+if __name__ == "__main__":
+    main()
