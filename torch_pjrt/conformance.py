@@ -552,9 +552,9 @@ def release_compiled() -> None:
 
     import jax
 
-    from .eager import executor
+    from .eager import op_cache
 
-    executor._cache.clear()
+    op_cache.cache.clear()
     jax.clear_caches()
     gc.collect()
 

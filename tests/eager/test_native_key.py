@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torch_pjrt
-from torch_pjrt.eager import executor
+from torch_pjrt.eager import op_cache
 
 
 @pytest.fixture(params=["strict", "fused"])
@@ -15,7 +15,7 @@ def mode(request):
 
 
 def _native_keys() -> int:
-    return sum(1 for k in executor._cache if type(k[0]) is int)
+    return sum(1 for k in op_cache.cache if type(k[0]) is int)
 
 
 CASES = {
@@ -76,7 +76,7 @@ def test_native_keys_are_filed_and_hit(mode):
         a + b
     assert _native_keys() == before and before > 0
     assert torch_pjrt.metrics()["cache_hits"] == 5
-    assert executor.cache_size() < len(executor._cache)
+    assert op_cache.cache_size() < len(op_cache.cache)
 
 
 def test_a_new_signature_is_a_new_entry(mode):

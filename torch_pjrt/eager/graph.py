@@ -135,7 +135,7 @@ def _backward_starts() -> bool:
 def record(entry, recs: list, dyn: list, device: int, inputs=None) -> list[Lazy]:
     """Append an op to the pending graph; its results are Lazy placeholders. `inputs`: the
     records' values in `entry.order`, where the caller has them. op_kernel.cpp's
-    record_in_place does this and executor._outputs for in-place ops (keep them alike)."""
+    record_in_place does this and launch.outputs for in-place ops (keep them alike)."""
     node = _append(entry, recs, dyn, device, inputs)
     for buf in entry.written:
         old = recs[buf].value
@@ -352,14 +352,14 @@ def _run_alone(node: Node, records: list, superseded: dict) -> bool:
     if entry.fn is None or any(id(inputs[i]) not in superseded
                                for i in range(len(entry.donate))):
         return False
-    from .executor import _device_scalar
+    from .scalars import device_scalar
 
     counters.count("graph_single_ops")
     launcher = entry.fn
     miss = launcher.compiled is None
     start = time.perf_counter() if miss else 0.0
     try:
-        results = launcher.launch(inputs, [_device_scalar(v, entry.device) for v in node.dyn])
+        results = launcher.launch(inputs, [device_scalar(v, entry.device) for v in node.dyn])
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"pjrt: a fused graph of 1 op failed on the device (op: "
                            f"{entry.name}): {e}") from e

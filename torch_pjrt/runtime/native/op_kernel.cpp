@@ -84,7 +84,7 @@ struct State {
   PyObject* counts = nullptr;   // counters._counters
   PyObject* devices = nullptr;  // memory._devices
   PyObject* records = nullptr;  // table._records
-  PyObject* cache = nullptr;    // executor._cache
+  PyObject* cache = nullptr;    // op_cache.cache
   PyObject* call = nullptr;     // executor.native_call(spec, found, values)
   PyObject* flush_due = nullptr;  // graph.flush_due()
   Slots node, lazy, rec, entry, mem;
@@ -120,7 +120,7 @@ PyObject* rec_attr(PyObject* rec, int slot, PyObject* name) {
 }
 
 // ------------------------------------------------------------ op cache key
-// The cache key of a call built from the arguments' metadata (what executor.py's _key
+// The cache key of a call built from the arguments' metadata (what call_key.py's key_of
 // reads, packed into bytes), looked up in the op cache:
 //   (entry, recs, dyn, device, values)  on a hit: the storage records in argument
 //                               order, the run-time numbers, the device, the
@@ -650,7 +650,7 @@ bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values
   return true;
 }
 
-// graph.record() and executor._outputs() of a cached in-place op (it returns the
+// graph.record() and launch.outputs() of a cached in-place op (it returns the
 // argument it writes, and nothing fresh): its written storages get the node's lazy
 // values, their concrete old buffers noted as superseded (donated at the flush).
 bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device,

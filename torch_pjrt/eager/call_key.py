@@ -1,0 +1,170 @@
+"""The Python cache key of an op call: each tensor's storage (numbered in the call),
+dtype, shape, stride, offset and view flags; static arguments by value; run-time
+numbers by type, their values gathered apart. Programs are cached under it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import runtime
+from ..runtime import DEVICE_TYPE as _PJRT
+from ..storage import table
+from .errors import device_mismatch
+from .opspec import (
+    GENERATOR,
+    OPT_TENSOR,
+    OPT_TENSOR_LIST,
+    SCALAR,
+    SCALAR_LIST,
+    TENSOR,
+    TENSOR_LIST,
+    OpSpec,
+)
+
+_records = table._records
+
+
+class Call:
+    """The per-call state gathered while building the key."""
+
+    __slots__ = ("spec", "values", "recs", "bufidx", "dyn", "device")
+
+    def __init__(self, spec: OpSpec, values: list):
+        self.spec = spec
+        self.values = values
+        self.recs: list[table.StorageRecord] = []
+        self.bufidx: dict[int, int] = {}
+        self.dyn: list[Any] = []
+        self.device: int | None = None
+
+    def tensor_part(self, t) -> tuple:
+        """(buffer, dtype, shape, stride, offset, storage numel, storage dtype, uninitialized,
+        view flags: 1 conjugate bit, 2 negative bit)."""
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except AttributeError:  # a Python number PyTorch wrapped as a tensor
+            self.dyn.append(t)
+            return ("num", type(t))
+        idx = self.bufidx.get(ptr)
+        if idx is None:
+            rec = _records.get(ptr)
+            if rec is None:
+                rec = self._other_tensor(t)
+                if rec is None:
+                    return ("cpu0", t.dtype)
+            if self.device is None:
+                self.device = rec.device
+            elif rec.device != self.device:
+                raise device_mismatch(self.spec, torch.device(_PJRT, self.device), t.device)
+            idx = self.bufidx[ptr] = len(self.recs)
+            self.recs.append(rec)
+        else:
+            rec = self.recs[idx]
+        return (idx, t.dtype, t.shape, t.stride(), t.storage_offset(), rec.numel,
+                rec.dtype, rec.value is None, t.is_conj() + 2 * t.is_neg())
+
+    def _other_tensor(self, t: torch.Tensor) -> table.StorageRecord | None:
+        """A tensor whose storage is not in the table: foreign pjrt, CPU scalar, or an error."""
+        if t.device.type == _PJRT:
+            return table.record(t.untyped_storage())
+        if t.dim() == 0 and t.device.type == "cpu":
+            self.dyn.append(t.item())
+            return None
+        here = torch.device(_PJRT, self.device if self.device is not None else 0)
+        raise device_mismatch(self.spec, here, t.device)
+
+
+def key_of(call: Call) -> tuple:
+    """The call's key, filling `call` with its storages, device and run-time values."""
+    spec = call.spec
+    parts: list = [spec.op]
+    dyn = call.dyn
+    bufidx = call.bufidx
+    for kind, a, v in zip(spec.kinds, spec.args, call.values):
+        if kind == TENSOR:
+            # call.tensor_part(v), inlined for the common case: a pjrt tensor whose storage
+            # is in the table and not seen yet in this call.
+            try:
+                ptr = v.untyped_storage().data_ptr()
+            except AttributeError:
+                parts.append(call.tensor_part(v))
+                continue
+            rec = _records.get(ptr)
+            if rec is None or ptr in bufidx or (call.device is not None
+                                                and rec.device != call.device):
+                parts.append(call.tensor_part(v))
+                continue
+            call.device = rec.device
+            idx = bufidx[ptr] = len(call.recs)
+            call.recs.append(rec)
+            parts.append((idx, v.dtype, v.shape, v.stride(), v.storage_offset(), rec.numel,
+                          rec.dtype, rec.value is None, v.is_conj() + 2 * v.is_neg()))
+        elif kind == SCALAR:
+            if a.name in spec.static_scalars or (v == a.default and type(v) is type(a.default)):
+                parts.append(("s", v))
+            else:
+                dyn.append(v)
+                parts.append(type(v))
+        elif kind == OPT_TENSOR:
+            parts.append(None if v is None else call.tensor_part(v))
+        elif kind == TENSOR_LIST or kind == OPT_TENSOR_LIST:
+            parts.append(tuple(None if t is None else call.tensor_part(t) for t in v))
+        elif kind == SCALAR_LIST:  # run-time values, like Scalar (an optimizer's step sizes)
+            dyn.extend(v)
+            parts.append(("sl", tuple(type(x) for x in v)))
+        elif kind == GENERATOR:
+            parts.append(GENERATOR)
+        else:
+            parts.append(_hashable(v))
+    return tuple(parts)
+
+
+def _hashable(v):
+    """A static argument as a key part (lists as tuples; a device by its type)."""
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, torch.device):
+        return ("device", v.type)  # the index is the call's device, not part of the program
+    return v
+
+
+def signature_text(spec: OpSpec, key: tuple) -> str:
+    """'aten.add.Tensor(float32[8, 3], float32[3])': what a recompile message shows."""
+    args = []
+    for p in tensor_parts(spec, key):
+        args.append(f"{str(p[1]).removeprefix('torch.')}{list(p[2])}")
+    return f"{spec.op}({', '.join(args)})"
+
+
+def tensor_parts(spec: OpSpec, key: tuple):
+    """Every pjrt tensor part of a key, in argument order."""
+    for a, part in zip(spec.args, key[1:]):
+        if a.kind in (TENSOR, OPT_TENSOR):
+            parts = (part,)
+        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+            parts = part
+        else:
+            continue
+        for p in parts:
+            if p is not None and isinstance(p[0], int):
+                yield p
+
+
+def unhashable(v):
+    """A static argument back from its key part: _hashable's inverse."""
+    if isinstance(v, tuple) and v[:1] == ("device",):
+        return torch.device(v[1])
+    if isinstance(v, tuple):
+        return [unhashable(x) for x in v]
+    return v
+
+
+def factory_device(spec: OpSpec, values: list) -> int:
+    """The device of a call without pjrt tensors (a factory): its `device`, else current."""
+    for a, v in zip(spec.args, values):
+        if a.name == "device" and v is not None:
+            dev = torch.device(v)
+            return dev.index if dev.index is not None else runtime.shim().current_device()
+    return runtime.shim().current_device()

@@ -1,0 +1,195 @@
+"""The op cache: one compiled Entry per call signature, built on a miss from the meta
+kernel's output layout and the traced lowering, and its launcher, which compiles (or
+loads from the persistent cache) on first use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ..lowering import apply
+from ..runtime import client, compile_cache, cpu_kernels
+from ..storage import dtypes, table
+from . import opspec
+from .call_key import Call, signature_text, tensor_parts
+from .meta import flat_tensors, fresh_outputs, run_meta
+from .opspec import OPT_TENSOR_LIST, TENSOR, TENSOR_LIST
+from .trace import make_trace
+
+
+class Entry:
+    """A compiled op for one input signature."""
+
+    __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
+                 "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
+                 "signature", "values", "random", "call", "ordered", "alias_return", "products",
+                 "jaxpr", "alone")
+
+    def __init__(self):
+        self.fn = None  # launches the jitted program (strict and debug modes)
+        self.call = None  # the compiled program, once fn has compiled it, if it takes the
+        # storage buffers in argument order (no donation reorders them)
+        self.trace = None  # the traced function itself, which fused graphs call
+        self.order: list[int] = []  # storage buffers in argument order (donated first)
+        self.ordered = False  # order is the buffers' own order (nothing donated first)
+        self.n_results = 0  # arrays the program returns, device-side check flags excluded
+        self.result_avals: list[tuple] = []  # (shape, dtype) of each of those arrays
+        self.name = ""
+        self.digest = ""  # stable across processes: names the program in the disk cache
+        self.device = 0
+        self.signature = ""  # the op and its input shapes, for recompile messages
+        self.values: dict[int, Any] = {}  # non-tensor returns (from the meta kernel)
+        self.random = False  # the lowering takes an RNG key
+        self.products = False  # the lowering computes matrix products (cpu_kernels)
+        # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
+        self.outs: list[tuple] = []
+        self.single = False  # the op returns exactly one fresh tensor
+        self.alias_return: int | None = None  # the op returns only this argument (in place)
+        # (buf, dtype, shape, stride, offset, view flags) of each written view
+        self.targets: list[tuple] = []
+        self.written: tuple[int, ...] = ()  # storage buffers the program returns, in order
+        self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
+        self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
+        self.checks: list[tuple] | None = None  # (error, message) of device-side checks
+        # What fused graphs evaluate: the traced lowering as a function of its flat
+        # inputs (set where fused mode first records the signature; else they trace).
+        self.jaxpr = None
+        # Runs as its own program in fused mode too: a torch.compile graph, already one
+        # XLA program, cached and loaded apart from the eager code around it.
+        self.alone = False
+
+    def set_checks(self, checks: list | None) -> None:
+        """Device-side checks of a program loaded from disk (tracing would have found them)."""
+        self.checks = checks
+
+
+cache: dict[tuple, Entry] = {}
+
+
+def cache_size() -> int:
+    """Compiled op signatures (the cache also files entries under the native keys)."""
+    return sum(1 for k in cache if type(k[0]) is tuple)
+
+
+def compile_entry(call: Call, key: tuple) -> Entry:
+    """A new signature's entry: its outputs' layout from the meta kernel, the views it
+    writes, the buffers it donates, its traced lowering (compiled at the first launch)."""
+    spec, values = call.spec, call.values
+    metas, meta_out = run_meta(spec, values)
+    entry = Entry()
+
+    # Out tensors PyTorch would resize: resize them, then run again.
+    if spec.is_out:
+        resize = [(pos, tuple(metas[pos].shape)) for pos in spec.mutated
+                  if spec.args[pos].kind == TENSOR
+                  and tuple(metas[pos].shape) != tuple(values[pos].shape)]
+        if resize:
+            entry.resize = resize
+            return entry
+
+    # The views the program writes: each tensor of each mutated arg, in order.
+    for pos in spec.mutated:
+        part = key[1 + pos]
+        parts = part if spec.args[pos].kind in (TENSOR_LIST, OPT_TENSOR_LIST) else (part,)
+        entry.targets.extend(p[:5] + p[8:9] for p in parts)
+    entry.written = tuple(dict.fromkeys(t[0] for t in entry.targets))
+    # Donate a written storage's old buffer when the new one can reuse it (same dtype).
+    entry.donate = tuple(
+        b for b in entry.written
+        if call.recs[b].value is not None
+        and all(dtypes.to_jax(t[1]) == call.recs[b].dtype for t in entry.targets if t[0] == b))
+
+    # Fresh outputs, laid out as the meta result says (PyTorch's strides).
+    fresh_meta = fresh_outputs(spec, meta_out)
+    if any(step[0] == "value" for step in spec.returns_plan):
+        outs = meta_out if isinstance(meta_out, tuple) else (meta_out,)
+        entry.values = {step[1]: outs[step[1]] for step in spec.returns_plan
+                        if step[0] == "value"}
+    for m in fresh_meta:
+        if m is None:  # an undefined tensor (e.g. a gradient output_mask turned off)
+            entry.outs.append(None)
+            continue
+        shape, stride, jdtype = tuple(m.shape), tuple(m.stride()), dtypes.to_jax(m.dtype)
+        nbytes = table.storage_numel(shape, stride) * jdtype.itemsize
+        entry.outs.append((shape, stride, m.dtype, jdtype, nbytes))
+    if not entry.outs and len(spec.returns_plan) == 1 and spec.returns_plan[0][0] == "alias":
+        entry.alias_return = spec.returns_plan[0][1]
+    returns = spec.op._schema.returns
+    entry.single = (not entry.written and len(returns) == 1 and returns[0].alias_info is None
+                    and opspec._kind(returns[0].type) == TENSOR)
+
+    first = flat_tensors(meta_out)
+    compute = apply.promotion(spec, metas, first[0].dtype if first else None)
+    # What the lowering computes: the written tensors' values, else the fresh outputs.
+    if spec.mutated:
+        computed = [m for pos in spec.mutated for m in
+                    (metas[pos] if isinstance(metas[pos], list) else [metas[pos]])]
+    else:
+        computed = fresh_meta
+    trace = make_trace(spec, key, entry, compute, computed)
+    buffer_shapes = {p[0]: (p[5], p[6]) for p in tensor_parts(spec, key)}
+    sharding = jax.sharding.SingleDeviceSharding(client.device(call.device))
+    n_bufs = len(call.recs)
+    order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+    entry.products = spec.lowering.products
+    jitted = jax.jit(cpu_kernels.rewrite(trace, entry.products), out_shardings=sharding,
+                     donate_argnums=tuple(range(len(entry.donate))))
+    entry.digest = compile_cache.digest((key, call.device), call.device)
+    entry.device = call.device
+    entry.fn = _Launcher(jitted, None if order == list(range(n_bufs)) else order, entry)
+    entry.trace = trace
+    entry.order = order
+    entry.ordered = order == list(range(n_bufs))
+    entry.result_avals = [((o[4] // o[3].itemsize,), o[3]) for o in entry.outs if o is not None]
+    for b in entry.written:
+        numel, old = buffer_shapes[b]
+        new = dtypes.to_jax([t for t in entry.targets if t[0] == b][-1][1])
+        entry.result_avals.append(((numel * old.itemsize // new.itemsize,), new))
+    entry.n_results = len(entry.result_avals)
+    entry.name = str(spec.op)
+    entry.random = spec.lowering.random
+    entry.alone = not spec.lowering.eager
+    entry.signature = signature_text(spec, key)
+    return entry
+
+
+class _Launcher:
+    """Calls a compiled op with its storage buffers (donated ones first) and run-time
+    scalars; the first call compiles it (or loads it from the persistent cache)."""
+
+    __slots__ = ("jitted", "order", "compiled", "name", "entry")
+
+    def __init__(self, jitted, order: list[int] | None, entry: Entry):
+        self.jitted = jitted
+        self.order = order
+        self.compiled = None
+        self.entry = entry
+
+    def __call__(self, recs: list, dyn: list):
+        compiled = self.compiled
+        if compiled is not None and self.order is None:  # the common case
+            if dyn:
+                return compiled(*[r.value for r in recs], *dyn)
+            return compiled(*[r.value for r in recs])
+        if self.order is None:
+            args = [r.value for r in recs]
+        else:
+            args = [recs[i].value for i in self.order]
+        return self.launch(args, dyn)
+
+    def drop(self) -> None:
+        """Let go of the program (compile_cache._hold): the next launch loads it again."""
+        self.compiled = None
+        self.entry.call = None
+
+    def launch(self, args: list, dyn: list):
+        """The program on the buffers already in its argument order (Entry.order)."""
+        if self.compiled is None:
+            entry = self.entry
+            self.compiled = compile_cache.compile(
+                self.jitted, (*args, *dyn), entry.digest, entry.device,
+                get_side=lambda: entry.checks, set_side=entry.set_checks, drop=self.drop)
+            if self.order is None:
+                entry.call = self.compiled
+        return self.compiled(*args, *dyn)

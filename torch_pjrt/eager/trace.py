@@ -1,0 +1,209 @@
+"""Tracing one op signature: the function jax.jit compiles, which reads the input views
+from their storages, calls the lowering, lays the outputs out with PyTorch's strides and
+writes the mutated views back into their storages."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax.extend.core import jaxpr_as_fun
+
+from ..lowering import apply, checks
+from ..runtime import warm_start
+from ..storage import dtypes, table, views
+from . import graph
+from .call_key import tensor_parts, unhashable
+from .errors import ExecutionError, runtime_error
+from .opspec import (
+    GENERATOR,
+    OPT_TENSOR,
+    OPT_TENSOR_LIST,
+    SCALAR,
+    SCALAR_LIST,
+    TENSOR,
+    TENSOR_LIST,
+    OpSpec,
+)
+
+if TYPE_CHECKING:
+    from .call_key import Call
+    from .op_cache import Entry
+
+
+def trace_now(call: Call, entry: Entry) -> None:
+    """Fused mode: the lowering traced at the op (its errors are the op's, as in strict
+    mode) into the jaxpr its graphs evaluate, instead of tracing it in every graph. Not
+    for a signature that has traced before (also in an earlier process): a warm start
+    loads its graphs from disk and traces nothing."""
+    if warm_start.traced_before(entry.digest):
+        return
+    args = [_aval(call.recs[i].value) for i in entry.order]
+    dyn = list(call.dyn) + ([np.uint64(0), np.uint64(0)] if entry.random else [])
+    try:
+        entry.jaxpr = jaxpr_as_fun(jax.make_jaxpr(entry.trace)(*args, *dyn))
+    except Exception as e:  # noqa: BLE001 - the lowering's errors become PyTorch's
+        raise runtime_error(call.spec, e) from e
+    warm_start.note_traced(entry.digest)
+
+
+def _aval(value):
+    """A storage's value as make_jaxpr takes it: a pending one by its shape and dtype."""
+    if type(value) is graph.Lazy:
+        return jax.ShapeDtypeStruct(value.shape, value.dtype)
+    return value
+
+
+def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
+    """The function jax.jit traces for one signature of one op."""
+    lowering = spec.lowering
+    arg_parts = key[1:]
+    buffer_shapes = {p[0]: (p[5], p[6]) for p in tensor_parts(spec, key)}
+    meta_structs = [None if m is None else
+                    jax.ShapeDtypeStruct(tuple(m.shape), dtypes.to_jax(m.dtype))
+                    for m in computed]
+    out_specs = [None if o is None else o[:2] + o[3:4] for o in entry.outs]
+    n_targets = len(entry.targets)
+
+    n_bufs = len(buffer_shapes)
+    order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+    flat_math = _shape_agnostic(spec, key)
+    if flat_math:  # what a lowering sees of its outputs: 1-D too
+        meta_structs = [m if m is None or len(m.shape) < 2 else
+                        jax.ShapeDtypeStruct((math.prod(m.shape),), m.dtype)
+                        for m in meta_structs]
+
+    def trace(*flat):
+        bufs = [None] * n_bufs
+        for i, b in zip(order, flat[:n_bufs]):
+            bufs[i] = b
+        dyn = flat[n_bufs:]
+        for i, b in enumerate(bufs):
+            if b is None:  # an uninitialized storage reads as zeros
+                numel, dtype = buffer_shapes[i]
+                bufs[i] = jnp.zeros((numel,), dtype)
+        dyn_iter = iter(dyn)
+
+        def read(part):
+            if part is None:
+                return None
+            if part[0] == "cpu0":
+                return jnp.asarray(next(dyn_iter), dtypes.to_jax(part[1]))
+            if part[0] == "num":
+                return next(dyn_iter)
+            idx, dtype, shape, stride, offset = part[:5]
+            if flat_math and len(shape) > 1:  # see _shape_agnostic
+                shape, stride = (math.prod(shape),), (1,)
+            return _resolve_flags(views.read(bufs[idx], shape, stride, offset,
+                                             dtypes.to_jax(dtype)), part[8])
+
+        values = []
+        for a, part in zip(spec.args, arg_parts):
+            kind = a.kind
+            if kind == GENERATOR or (spec.is_out and a.write):
+                values.append(None)
+            elif kind in (TENSOR, OPT_TENSOR):
+                values.append(read(part))
+            elif kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+                values.append([read(p) for p in part])
+            elif kind == SCALAR:  # a static Python number, or a run-time value
+                values.append(part[1] if isinstance(part, tuple) else next(dyn_iter))
+            elif kind == SCALAR_LIST:
+                values.append([next(dyn_iter) for _ in part[1]])
+            else:
+                values.append(unhashable(part))
+        rng = None
+        if lowering.random:
+            seed, offset = next(dyn_iter), next(dyn_iter)
+            rng = jax.random.fold_in(jax.random.key(seed), offset)
+        with checks.CheckCollector() as collected:
+            results = apply.invoke(spec, values, compute, meta_structs, rng)
+        entry.checks = [(err, msg) for _, err, msg in collected.checks] or None
+
+        target_vals = results[:n_targets] if spec.mutated else []
+        fresh_vals = results[n_targets:] if spec.mutated else results
+        if flat_math:
+            target_vals = [_unflatten(v, t[2]) for v, t in zip(target_vals, entry.targets)]
+            fresh_vals = [v if o is None else _unflatten(v, o[0])
+                          for v, o in zip(fresh_vals, out_specs)]
+        if len(fresh_vals) != len(out_specs):
+            raise ExecutionError(
+                f"the lowering of {spec.op} returned {len(results)} arrays; expected "
+                f"{n_targets} written + {len(out_specs)} new")
+        outs = [_layout(v, *o) for v, o in zip(fresh_vals, out_specs) if o is not None]
+        new_bufs = {}
+        for (buf, dtype, shape, stride, offset, view_flags), val in zip(entry.targets,
+                                                                         target_vals):
+            val = _resolve_flags(apply.broadcast_cast(val, shape, dtypes.to_jax(dtype)),
+                                 view_flags)  # an involution: stored as the view reads it
+            new_bufs[buf] = views.write(new_bufs.get(buf, bufs[buf]), val, shape, stride, offset)
+        flags = (jnp.stack([bad for bad, _, _ in collected.checks]),) if entry.checks else ()
+        return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
+
+    return trace
+
+
+def _shape_agnostic(spec: OpSpec, key: tuple) -> bool:
+    """Whether the op may run on its tensors as 1-D arrays: an elementwise op (or a foreach
+    op, elementwise or reducing a whole tensor: all but _foreach_mm) whose tensors are
+    contiguous, with one shape per position. Then a parameter update reads and writes its
+    flat storage without a reshape between them, which XLA needs to update a donated
+    buffer in place (with one, it copies every parameter and optimizer state instead)."""
+    op = spec.op
+    name = op._schema.name
+    if not (torch.Tag.pointwise in op.tags or op is torch.ops.aten.copy_.default or
+            (name.startswith("aten::_foreach_") and name != "aten::_foreach_mm")):
+        return False
+    shapes: dict[int, tuple] = {}  # list position -> the shape of the tensors there
+    for a, part in zip(spec.args, key[1:]):
+        if a.kind in (TENSOR, OPT_TENSOR):
+            parts = [(0, part)]
+        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+            parts = list(enumerate(part))
+        else:
+            continue
+        for position, p in parts:
+            if p is None or not isinstance(p[0], int):
+                continue  # absent, or a CPU scalar / number
+            shape, stride = tuple(p[2]), tuple(p[3])
+            if not shape:
+                continue  # 0-d: broadcasts against 1-D like against any shape
+            if not views.is_contiguous(shape, stride):
+                return False
+            if shapes.setdefault(position, shape) != shape:
+                return False
+    return any(len(s) > 1 for s in shapes.values())
+
+
+def _unflatten(value, shape):
+    """A result of a shape-agnostic op computed on 1-D arrays, at its tensor shape."""
+    if value is None or value.ndim != 1 or tuple(shape) == value.shape:
+        return value
+    return value.reshape(shape)
+
+
+def _resolve_flags(x, flags: int):
+    """A view's values from its storage's: PyTorch's lazy conjugate and negative views
+    (`x.conj()` of a complex tensor, `_neg_view`) set a bit instead of copying."""
+    if flags & 1:
+        x = jnp.conj(x)
+    if flags & 2:
+        x = -x
+    return x
+
+
+def _layout(value, shape, stride, dtype):
+    """A result in PyTorch's output layout. None where the meta kernel says a tensor is
+    returned means an undefined gradient: zeros, as PyTorch materializes them."""
+    if value is None:
+        value = jnp.zeros(shape, dtype)
+    value = apply.broadcast_cast(value, shape, dtype)
+    n = math.prod(shape)
+    if table.storage_numel(shape, stride) == n:
+        return views.to_flat(value, stride)
+    flat = jnp.zeros((table.storage_numel(shape, stride),), dtype)
+    return views.write(flat, value, shape, stride, 0)
