@@ -31,7 +31,7 @@ def launch(call: Call, entry: Entry):
 
 
 def run_strict(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
-    """_run for a native cache hit in strict mode, calling the compiled program directly."""
+    """run() for a native cache hit in strict mode, calling the compiled program directly."""
     if graph.pending:
         graph.flush("strict op")
         hit = (*hit[:4], tuple(r.value for r in hit[1]))
@@ -54,8 +54,8 @@ def run_strict(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
 
 
 def run_fused(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
-    """_run for a native cache hit in fused mode, of an op with other returns than one
-    fresh tensor (kernel() records those through graph.record_single)."""
+    """run() for a native cache hit in fused mode, of an op with other returns than one
+    fresh tensor (executor.native_call records those through graph.record_single)."""
     device = hit[3]
     results = graph.record(entry, hit[1], hit[2], device, hit[4] if entry.ordered else None)
     out = outputs(spec, entry, hit[1], device, args, results)
@@ -65,7 +65,7 @@ def run_fused(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
 
 
 def run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
-         call: Call | None = None):
+        call: Call | None = None):
     """Launch (or, fused, record) a compiled op on the call's storages and run-time values;
     its fresh outputs become new tensors and written storages get their new buffers."""
     fused = modes.fused and not entry.alone
