@@ -16,7 +16,7 @@ from types import ModuleType
 import torch
 
 _SOURCES = [os.path.join(os.path.dirname(__file__), name)
-            for name in ("shim.cpp", "op_kernel.cpp", "cpu_kernels.cpp")]
+            for name in ("shim.cpp", "op_kernel.cpp", "cpu_kernels.cpp", "autocast.cpp")]
 _HEADERS = [os.path.join(os.path.dirname(__file__), "shim.h")]
 _NAME = "torch_pjrt_native"
 
