@@ -11,9 +11,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main() -> None:
     target, out_dir = sys.argv[1], sys.argv[2]
+    rank = os.environ["RANK"]  # (the function may unset it)
     module, function = target.split(":")
     result = getattr(importlib.import_module(module), function)()
-    rank = os.environ["RANK"]
     with open(os.path.join(out_dir, f"result{rank}.json.tmp"), "w") as f:
         json.dump(result, f)
     os.replace(os.path.join(out_dir, f"result{rank}.json.tmp"),

@@ -48,6 +48,10 @@ class ProcessGroupPjrt(dist.ProcessGroup):
                  global_ranks: list[int], name: str):
         super().__init__(rank, size)
         self._name = name
+        # A group made again under the same name (destroy_process_group, then
+        # init_process_group) may find the first one's keys in the store: its own prefix.
+        incarnation = (store.add("pjrt/groups_made", 1) - 1) // size
+        store = dist.PrefixStore(f"pjrt{incarnation}/", store)
         self._store = store
         self._timeout = timeout
         self._ranks = global_ranks
@@ -55,7 +59,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         self._device = client.devices().index(self._xla.device)
         self._agreement = (agreement.Agreement(store, rank, global_ranks, timeout, name)
                            if _env.flag("TORCH_PJRT_DIST_CHECK") else None)
-        self._gloo_group = None
+        self._gloo_group = self._make_gloo()
         self._pairs: dict[tuple[int, int], collectives.Group] = {}
         self._p2p: list[tuple] = []  # (src, dst, tensor) of sends and receives not run yet
 
@@ -71,17 +75,22 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         return self._name
 
     # ------------------------------------------------------------- helpers
-    def _gloo(self):
-        """A gloo group of the same ranks, for CPU tensors (made at the first CPU
-        collective, which every rank of the group calls)."""
-        if self._gloo_group is None:
-            store = dist.PrefixStore("pjrt_gloo/", self._store)
-            gloo = dist.ProcessGroupGloo(store, self.rank(), self.size(), self._timeout)
-            group = dist.ProcessGroup(store, self.rank(), self.size())
-            group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                                    gloo)
-            group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-            self._gloo_group = group
+    def _make_gloo(self) -> dist.ProcessGroup:
+        """A gloo group of the same ranks, for CPU tensors. Its backend is registered for
+        both device types, so that PyTorch finds one for the pjrt device too (c10d asks
+        for it when init_process_group gets a device_id); calls reach this class first."""
+        store = dist.PrefixStore("gloo/", self._store)
+        gloo = dist.ProcessGroupGloo(store, self.rank(), self.size(), self._timeout)
+        group = dist.ProcessGroup(store, self.rank(), self.size())
+        kind = dist.ProcessGroup.BackendType.GLOO
+        group._register_backend(torch.device("cpu"), kind, gloo)
+        group._set_default_backend(kind)
+        self._register_backend(torch.device("cpu"), kind, gloo)
+        self._register_backend(torch.device(DEVICE_TYPE), dist.ProcessGroup.BackendType.CUSTOM,
+                               gloo)
+        return group
+
+    def _gloo(self) -> dist.ProcessGroup:
         return self._gloo_group
 
     def _on_cpu(self, name: str, tensors) -> bool:
