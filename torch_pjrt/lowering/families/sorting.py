@@ -23,10 +23,6 @@ from ._ops import aten
 _INT_OF_WIDTH = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
 
 
-_TORCH_INT_NAMES = {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char",
-                    "uint8": "Byte", "bool": "Bool"}
-
-
 def _is_float(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.floating)
 
@@ -257,8 +253,7 @@ def histc(x, bins=100, min=0, max=0):
     """CPU's histc: range from min/max (the data's extrema when equal), bins by linear
     interpolation in the input dtype, the last bin closed on the right."""
     if not _is_float(x):
-        name = _TORCH_INT_NAMES.get(x.dtype.name, x.dtype)
-        raise NotImplementedError(f'"histogram_cpu" not implemented for \'{name}\'')
+        return _int_histc(x, bins, min, max)
     lo = jnp.asarray(min, jnp.float64)
     hi = jnp.asarray(max, jnp.float64)
     if x.size:
@@ -278,6 +273,23 @@ def histc(x, bins=100, min=0, max=0):
     pos = jnp.clip(jnp.where(pos == bins, bins - 1, pos), 0, bins - 1)
     counts = jnp.zeros((bins,), jnp.float32 if x.dtype.itemsize < 4 else x.dtype)
     return counts.at[pos.reshape(-1)].add(inside.reshape(-1).astype(counts.dtype))
+
+
+def _int_histc(x, bins, min, max):
+    """CUDA's histc of integers, which the CPU kernel refuses (scripts written for "cuda"
+    count integer ids with it, as transformers' grouped-experts MoE does): int64 arithmetic,
+    bin (x - min) * bins // (max - min), the data's extrema when min == max."""
+    v = x.reshape(-1).astype(jnp.int64)
+    lo, hi = jnp.asarray(min).astype(jnp.int64), jnp.asarray(max).astype(jnp.int64)
+    if v.size:
+        same = lo == hi
+        lo, hi = jnp.where(same, jnp.min(v), lo), jnp.where(same, jnp.max(v), hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    require(lo < hi, RuntimeError, "torch.histc: max must be larger than min")
+    inside = (v >= lo) & (v <= hi)
+    pos = jnp.minimum(jnp.where(inside, (v - lo) * bins // (hi - lo), 0), bins - 1)
+    return jnp.zeros((bins,), x.dtype).at[pos].add(inside.astype(x.dtype))
 
 
 @lower(aten.masked_scatter.default, promote="result", operands=("self", "source"))
