@@ -152,6 +152,7 @@ struct PjrtGenerator final : c10::GeneratorImpl {
     return seed_;
   }
   void set_state(const c10::TensorImpl& state) override {
+    at::detail::check_rng_state(state);  // a CPU byte tensor (a pjrt one has no host data)
     TORCH_CHECK(state.numel() == 16 && state.dtype().itemsize() == 1,
                 "pjrt: RNG state must be a 16-byte uint8 tensor (seed, offset), got ",
                 state.numel(), " elements");
