@@ -239,7 +239,7 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     executor._native.register_metadata_ops([_qualname(op) for op in METADATA_OPS])
     special = {**SPECIAL_KERNELS, **_data_dependent_kernels()}
     for op, fn in special.items():
-        lib.impl(_qualname(op), fn)
+        lib.impl(_qualname(op), _taking_turns(fn))
     # Lowered ops: the native kernel (runtime/native/op_kernel.cpp), per namespace.
     masks = _index_mask_kernels()
     by_namespace: dict[str, list] = {}
@@ -250,7 +250,23 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
             (_qualname(op), opspec.spec(op), masks.get(op)))
     for namespace, ops in by_namespace.items():
         executor._native.register_op_kernels(namespace, ops)
-    fallback_lib.fallback(fallback.run)
+    fallback_lib.fallback(_taking_turns(fallback.run))
+
+
+def _taking_turns(kernel):
+    """`kernel` holding the op lock, as the native kernel of lowered ops does
+    (runtime/native/shim.h): one op at a time in the process, threads take turns."""
+    lock, unlock = executor._native.lock_ops, executor._native.unlock_ops
+
+    @functools.wraps(kernel)
+    def locked(*args, **kwargs):
+        lock()
+        try:
+            return kernel(*args, **kwargs)
+        finally:
+            unlock()
+
+    return locked
 
 
 def _suffix(op) -> str:

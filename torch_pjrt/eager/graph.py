@@ -84,13 +84,18 @@ split_backward = True  # TORCH_PJRT_FUSED_SPLIT_BACKWARD, set by configure()
 _task = -1  # the autograd graph task the last op was recorded in (-1: none, no backward)
 
 
+_native = None  # the shim: its op lock (runtime/native/shim.h), set by configure()
+
+
 def configure() -> None:
-    global max_ops, split_backward
+    global max_ops, split_backward, _native
+    from .. import runtime
     from ..runtime import memory
 
     max_ops = int(_env.get("TORCH_PJRT_FUSED_MAX_OPS") or 10000)
     split_backward = _env.flag("TORCH_PJRT_FUSED_SPLIT_BACKWARD")
     memory.on_pressure = _note_pressure
+    _native = runtime.shim()
 
 
 def _append(entry, recs: list, dyn: list, device: int, inputs) -> Node:
@@ -218,7 +223,16 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def flush(reason: str = "sync") -> None:
-    """Compile (or reuse) and run the pending graph; pending storages get their buffers."""
+    """Compile (or reuse) and run the pending graph; pending storages get their buffers.
+    Under the op lock, as every op is: the graph is the process's, threads take turns."""
+    _native.lock_ops()
+    try:
+        _flush(reason)
+    finally:
+        _native.unlock_ops()
+
+
+def _flush(reason: str) -> None:
     global pending, _device, _pressure, due
     _pressure = due = False
     if not _nodes:

@@ -784,6 +784,7 @@ struct OpKernel final : c10::OperatorKernel {
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    OpsLocked locked;  // threads take turns (shim.h)
     const auto& schema = op.schema();
     size_t n = schema.arguments().size();
     auto args = torch::jit::last(*stack, n);

@@ -381,8 +381,27 @@ namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &sdp_choice)
 }  // namespace at::native
 
+// ---------------------------------------------------------------- threads
+namespace {
+std::recursive_mutex ops_mutex;
+}  // namespace
+
+void torch_pjrt::lock_ops() {
+  if (ops_mutex.try_lock()) return;
+  if (PyGILState_Check()) {  // the thread holding the lock may need the GIL to finish
+    py::gil_scoped_release no_gil;
+    ops_mutex.lock();
+  } else {
+    ops_mutex.lock();
+  }
+}
+
+void torch_pjrt::unlock_ops() { ops_mutex.unlock(); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install);
+  m.def("lock_ops", &torch_pjrt::lock_ops);
+  m.def("unlock_ops", &torch_pjrt::unlock_ops);
   m.def("empty_strided", &empty_strided);
   m.def("set_free_callback", [](py::object fn) { free_callback = new py::object(std::move(fn)); });
   m.def("philox_next", &philox_next);
