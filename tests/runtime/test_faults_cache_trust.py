@@ -87,6 +87,7 @@ def test_a_cache_directory_not_the_users_alone_is_not_used(cache, how):
         os.chmod(cache, 0o770 if how == "group_writable" else 0o777)
     warned = _caught(lambda: [_program("refused dir"), _program("refused dir", 5)])
     assert len(warned) == 1 and "running without the disk compile cache" in warned[0], warned
+    assert ("chmod -R go-w" in warned[0]) == (how != "other_owner")  # the fix, if the user's
     assert not compile_cache.enabled() and not warm.enabled()
     assert os.listdir(cache) == []  # nothing read or written there
     assert counters.value("disk_cache_writes") == 0

@@ -99,7 +99,7 @@ def usable(root: str) -> bool:
     try:
         _makedirs(root, _dir_mode())
         st = os.stat(root)
-        reason = "is not a directory" if not stat.S_ISDIR(st.st_mode) else untrusted(st)
+        reason = "is not a directory" if not stat.S_ISDIR(st.st_mode) else _refusal(root, st)
     except OSError as e:
         reason = f"cannot be created ({e.strerror})"
     _roots[root] = reason
@@ -107,10 +107,20 @@ def usable(root: str) -> bool:
         _trusted_dirs.add(root)
     else:
         counters.count("disk_cache_refused")
-        warn_once("off", root, f"pjrt: running without the disk compile cache: {root} {reason}; "
-                  "what it holds is run as code (TORCH_PJRT_CACHE_SHARED=1 accepts a cache "
-                  "shared on purpose, see docs/reliability.md)")
+        warn_once("off", root, f"pjrt: running without the disk compile cache: {root} {reason}, "
+                  "and what it holds is run as code (TORCH_PJRT_CACHE_SHARED=1 accepts a "
+                  "cache shared on purpose, see docs/reliability.md)")
     return reason is None
+
+
+def _refusal(path: str, st: os.stat_result, allow_shared: bool = True) -> str | None:
+    """untrusted(), said of `path`, with the fix where the user owns it."""
+    reason = untrusted(st, allow_shared)
+    if reason is None:
+        return None
+    if st.st_uid == os.geteuid():  # made writable by a umask of 002, say
+        return f"is {reason} (`chmod -R go-w {path}` makes it private)"
+    return f"is {reason}"
 
 
 def _makedirs(path: str, mode: int) -> None:
@@ -133,14 +143,20 @@ def private_dir(path: str, root: str) -> str | None:
     try:
         _makedirs(path, 0o700)
         while True:
-            reason = untrusted(os.stat(path), allow_shared=False)
+            reason = _refusal(path, os.stat(path), allow_shared=False)
             if reason:
-                return f"{path} is {reason}"
+                return f"{path} {reason}"
             if len(path) <= len(root):
                 return None
             path = os.path.dirname(path)
     except OSError as e:
         return f"{path} cannot be created ({e.strerror})"
+
+
+def private_file(path: str) -> str | None:
+    """Why the file at `path` is not this user's alone (None: it is)."""
+    reason = _refusal(path, os.lstat(path), allow_shared=False)
+    return reason and f"{path} {reason}"
 
 
 def _check_dirs(path: str, root: str) -> str | None:

@@ -46,14 +46,13 @@ def _private_build_dir() -> str:
     """The build directory, where it is this user's alone (the shim is loaded into the
     process: whoever can write there runs code in it); else a fresh private one, with a
     warning (this process builds the shim again)."""
-    from ..cache_files import private_dir, untrusted, warn_once
+    from ..cache_files import private_dir, private_file, warn_once
 
     build_dir = _build_dir()
     reason = private_dir(build_dir, _base_dir())
     so = os.path.join(build_dir, _NAME + ".so")
     if reason is None and os.path.lexists(so):
-        reason = untrusted(os.lstat(so), allow_shared=False)
-        reason = reason and f"{so} is {reason}"
+        reason = private_file(so)
     if reason is None:
         return build_dir
     warn_once("refused", "native build", f"pjrt: the native shim's build directory is not "
