@@ -1,6 +1,6 @@
 """torch-pjrt: a PyTorch device backend (`pjrt`) for every OpenXLA PJRT plugin."""
 
-from .runtime import DEVICE_TYPE, ensure_initialized, register
+from .runtime import DEVICE_TYPE, ensure_initialized, on_initialize, register
 
 register()
 
@@ -8,10 +8,15 @@ from .distributed import register as _register_distributed  # noqa: E402
 
 _register_distributed()
 
-from . import kernels  # noqa: E402
+from . import compile, eager, kernels, optim_step  # noqa: E402
 from .counters import metrics  # noqa: E402
 from .eager.modes import get as get_eager_mode  # noqa: E402
 from .eager.modes import set_eager_mode  # noqa: E402
+
+# What ensure_initialized() runs once PJRT has started, bottom layer first (the runtime
+# imports no layer above it; each one adds its own start here).
+for _step in (eager.start, optim_step.install, compile.start, kernels.install_pending):
+    on_initialize(_step)
 
 __all__ = ["DEVICE_TYPE", "ensure_initialized", "get_eager_mode", "kernels", "metrics",
            "register", "set_eager_mode"]

@@ -10,11 +10,13 @@ import torch_pjrt
 
 
 def test_import_torch_alone_registers_pjrt():
-    code = ("import torch; t = torch.ones(2, device='pjrt'); "
-            "print(t.device, torch.pjrt.device_count())")
+    """...and starts nothing: PJRT starts at the first op (runtime.ensure_initialized)."""
+    code = ("import torch; from jax._src import xla_bridge; import torch_pjrt.runtime as r; "
+            "print(r._initialized, bool(xla_bridge._backends)); "
+            "t = torch.ones(2, device='pjrt'); print(t.device, torch.pjrt.device_count())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[0] == "pjrt:0"
+    assert out.stdout.split() == ["False", "False", "pjrt:0", "2"]
 
 
 def test_autoload_can_be_disabled():
@@ -75,6 +77,27 @@ def test_execution_is_asynchronous_and_synchronize_waits():
     finished = time.perf_counter() - start
     assert launched < finished / 2, (launched, finished)
     assert all(y.device.type == "pjrt" for y in ys)
+
+
+@pytest.mark.parametrize("sync", ["pjrt", "accelerator"])
+def test_synchronize_runs_the_pending_graph_and_raises_device_errors(sync):
+    """Both synchronize() entry points (torch.pjrt's and torch.accelerator's, through the
+    native hook) run the fused graph, wait for it and raise its device-side check errors."""
+    from torch_pjrt.eager import graph
+    from torch_pjrt.storage import table
+
+    synchronize = torch.pjrt.synchronize if sync == "pjrt" else torch.accelerator.synchronize
+    with torch_pjrt.set_eager_mode("fused"):
+        x = torch.arange(4.0, device="pjrt")
+        y = x * 2 + 1
+        assert graph.pending_ops() > 0
+        synchronize()
+        assert graph.pending_ops() == 0
+        assert not getattr(table.record_of(y).value, "pending", False)
+        x[torch.tensor([7], device="pjrt")]
+        with pytest.raises(IndexError, match="out of range"):
+            synchronize()
+        synchronize()  # reported once
 
 
 def test_streams_and_events_wait_for_the_device():

@@ -3,13 +3,16 @@
 `register()` is cheap and runs at `import torch` (autoload): it names the
 device, installs the native hooks and a trigger kernel. The PJRT client, JAX
 and the kernels are set up by `ensure_initialized()`, on the first op or
-device query, so that `import torch` alone does not start an accelerator.
+device query, so that `import torch` alone does not start an accelerator: it
+starts the client, then runs the steps the upper layers added with
+`on_initialize()` (torch_pjrt/__init__.py adds them, bottom layer first).
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -20,6 +23,7 @@ _registered = False
 _initialized = False
 _native = None
 _libs: list[torch.library.Library] = []
+_steps: list[Callable[[], None]] = []  # on_initialize()
 
 
 def shim():
@@ -70,8 +74,29 @@ def _first_use(op, *args, **kwargs):
     return op(*args, **kwargs)
 
 
+def on_initialize(step: Callable[[], None]) -> None:
+    """Add a step to what ensure_initialized() runs once PJRT has started, after the
+    steps added before it (run at once where PJRT has started already). The layers above
+    the runtime (eager, compile, kernels...) start this way: the runtime imports none of
+    them."""
+    with _lock:
+        _steps.append(step)
+        if _initialized:
+            step()
+
+
+def kernel_libraries() -> tuple[torch.library.Library, torch.library.Library]:
+    """The libraries for the device's real kernels (aten ops, and the fallback of every
+    other op), which the trigger fallback gives way to; kept alive here."""
+    _libs[0]._destroy()
+    lib = torch.library.Library("aten", "IMPL", "PrivateUse1")
+    fallback_lib = torch.library.Library("_", "IMPL", "PrivateUse1")
+    _libs[:] = [lib, fallback_lib]
+    return lib, fallback_lib
+
+
 def ensure_initialized() -> None:
-    """Start PJRT (through JAX) and register every kernel; idempotent."""
+    """Start PJRT (through JAX), then run the steps the upper layers added; idempotent."""
     global _initialized
     if _initialized:
         return
@@ -79,27 +104,10 @@ def ensure_initialized() -> None:
         if _initialized:
             return
         register()
-        from .. import optim_step
-        from ..eager import dispatch, executor, graph, modes
-        from ..storage import table
         from . import client, sync
 
         client.devices()
         atexit.register(sync.drain)
-        table.install(_native, graph.flush)
-        graph.configure()
-        optim_step.install()
-        modes.init_from_env()
-        _native.set_free_callback(table.free)
-        executor.install(_native, DEVICE_TYPE)
-        _libs[0]._destroy()  # the trigger fallback gives way to the real one
-        lib = torch.library.Library("aten", "IMPL", "PrivateUse1")
-        fallback_lib = torch.library.Library("_", "IMPL", "PrivateUse1")
-        dispatch.install(lib, fallback_lib)
-        _libs[:] = [lib, fallback_lib]
-        from .. import kernels
-        from ..compile import backend
-
-        backend.register()
-        kernels.install_pending()
+        for step in _steps:
+            step()
         _initialized = True

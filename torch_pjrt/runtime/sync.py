@@ -1,18 +1,37 @@
-"""Waiting for the device: what torch.pjrt.synchronize() does."""
+"""Waiting for the device: what torch.pjrt.synchronize() does, in steps that the layers
+above the runtime add (the runtime holds no graphs, storages or device-side checks)."""
 
 from __future__ import annotations
 
-from ..lowering import checks
-from ..storage import table
+from collections.abc import Callable
+
+# What synchronize() runs, in this order, each list in the order the steps were added:
+_before: list[Callable[[], None]] = []  # launch work still pending (a fused graph)
+_wait: list[Callable[[int | None, bool], None]] = []  # (device, quiet): block until
+# computed; quiet: a failed program is not reported
+_after: list[Callable[[], None]] = []  # raise errors the work found (device-side checks)
+
+
+def on_synchronize(*, before: Callable[[], None] | None = None,
+                   wait: Callable[[int | None, bool], None] | None = None,
+                   after: Callable[[], None] | None = None) -> None:
+    """Add steps to synchronize(): `before` launches pending work, `wait(device, quiet)`
+    blocks until the work on `device` (None: every device) is done, `after` raises the
+    errors it found. drain() runs only the `wait` steps."""
+    for steps, step in ((_before, before), (_wait, wait), (_after, after)):
+        if step is not None:
+            steps.append(step)
 
 
 def synchronize(device: int | None = None) -> None:
-    """Run any pending fused graph and block until every live buffer is computed."""
-    from ..eager import graph
-
-    graph.flush("synchronize")
-    _wait_for_buffers(device)
-    checks.raise_pending()
+    """Run any pending fused graph, block until every live buffer is computed and raise
+    the device-side errors found."""
+    for step in _before:
+        step()
+    for wait in _wait:
+        wait(device, False)
+    for step in _after:
+        step()
 
 
 def drain() -> None:
@@ -20,19 +39,5 @@ def drain() -> None:
     without running the pending graph or reporting its errors. A program still running
     while the process exits can be inside a libtorch kernel (the cpu platform's custom
     calls) as libtorch's static objects are destroyed: a segfault at exit."""
-    _wait_for_buffers(None, quiet=True)
-
-
-def _wait_for_buffers(device: int | None, quiet: bool = False) -> None:
-    """Block until every live computed buffer (on `device`, or all) is ready; `quiet`: a
-    program that failed is not reported (exiting, it has nothing to wait for)."""
-    for rec in table.live_records():
-        value = rec.value  # (a graph.Lost, of a graph that failed, has nothing to wait for)
-        if value is None or getattr(value, "pending", False) or \
-                (device is not None and rec.device != device):
-            continue
-        try:
-            value.block_until_ready()
-        except Exception:
-            if not quiet:
-                raise
+    for wait in _wait:
+        wait(None, True)

@@ -110,6 +110,21 @@ def live_records() -> list[StorageRecord]:
     return list(_records.values())
 
 
+def wait_for_buffers(device: int | None, quiet: bool = False) -> None:
+    """Block until every live computed buffer (on `device`, or all) is ready; `quiet`: a
+    program that failed is not reported (exiting, it has nothing to wait for)."""
+    for rec in live_records():
+        value = rec.value  # (a graph.Lost, of a graph that failed, has nothing to wait for)
+        if value is None or getattr(value, "pending", False) or \
+                (device is not None and rec.device != device):
+            continue
+        try:
+            value.block_until_ready()
+        except Exception:
+            if not quiet:
+                raise
+
+
 _zeros_cache: dict = {}
 
 
