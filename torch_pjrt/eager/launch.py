@@ -48,8 +48,7 @@ def run_strict(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
     if entry.checks is not None:
         checks.defer(results[-1], entry.checks, str(spec.op))
     if entry.single:
-        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
-        return _new_tensor(shape, stride, dtype, jdtype, nbytes, hit[3], results[0])
+        return _new_tensor(*entry.outs[0], hit[3], results[0])
     return outputs(spec, entry, hit[1], hit[3], args, results)
 
 
@@ -84,14 +83,10 @@ def run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
             checks.defer(results[-1], entry.checks, str(spec.op))
         if modes.debug:
             debug.after_op(spec, call, results)
-    new_tensor = table.new_tensor
     if entry.single:
-        shape, stride, dtype, jdtype, nbytes = entry.outs[0]
-        out = new_tensor(shape, stride, dtype, jdtype, nbytes, device, results[0])
-        if fused and graph.flush_reason() is not None:
-            graph.flush(graph.flush_reason())
-        return out
-    out = outputs(spec, entry, recs, device, values, results)
+        out = _new_tensor(*entry.outs[0], device, results[0])
+    else:
+        out = outputs(spec, entry, recs, device, values, results)
     if fused:
         reason = graph.flush_reason()
         if reason is not None:
@@ -105,14 +100,13 @@ def outputs(spec: OpSpec, entry: Entry, recs: list, device: int, values, results
         for buf, value in zip(entry.written, results):
             recs[buf].set(value)
         return values[entry.alias_return]
-    new_tensor = table.new_tensor
     fresh = []
     i = 0
     for out in entry.outs:
         if out is None:
             fresh.append(None)
         else:
-            fresh.append(new_tensor(*out, device, results[i]))
+            fresh.append(_new_tensor(*out, device, results[i]))
             i += 1
     for buf in entry.written:
         recs[buf].set(results[i])
