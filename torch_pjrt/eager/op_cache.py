@@ -127,20 +127,20 @@ def compile_entry(call: Call, key: tuple) -> Entry:
                     (metas[pos] if isinstance(metas[pos], list) else [metas[pos]])]
     else:
         computed = fresh_meta
-    trace = make_trace(spec, key, entry, compute, computed)
+    # (numel, dtype) of each storage, by its number in the call
     buffer_shapes = {p[0]: (p[5], p[6]) for p in tensor_parts(spec, key)}
-    sharding = jax.sharding.SingleDeviceSharding(client.device(call.device))
     n_bufs = len(call.recs)
-    order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+    entry.order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+    entry.ordered = entry.order == list(range(n_bufs))
+    trace = make_trace(spec, key, entry, compute, computed, buffer_shapes)
+    sharding = jax.sharding.SingleDeviceSharding(client.device(call.device))
     entry.products = spec.lowering.products
     jitted = jax.jit(cpu_kernels.rewrite(trace, entry.products), out_shardings=sharding,
                      donate_argnums=tuple(range(len(entry.donate))))
     entry.digest = compile_cache.digest((key, call.device), call.device)
     entry.device = call.device
-    entry.fn = _Launcher(jitted, None if order == list(range(n_bufs)) else order, entry)
+    entry.fn = _Launcher(jitted, None if entry.ordered else entry.order, entry)
     entry.trace = trace
-    entry.order = order
-    entry.ordered = order == list(range(n_bufs))
     entry.result_avals = [((o[4] // o[3].itemsize,), o[3]) for o in entry.outs if o is not None]
     for b in entry.written:
         numel, old = buffer_shapes[b]

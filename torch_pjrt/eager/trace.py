@@ -17,7 +17,7 @@ from ..lowering import apply, checks
 from ..runtime import warm_start
 from ..storage import dtypes, table, views
 from . import graph
-from .call_key import tensor_parts, unhashable
+from .call_key import unhashable
 from .errors import ExecutionError, runtime_error
 from .opspec import (
     GENERATOR,
@@ -58,19 +58,21 @@ def _aval(value):
     return value
 
 
-def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed):
-    """The function jax.jit traces for one signature of one op."""
+def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
+               buffer_shapes: dict[int, tuple]):
+    """The function jax.jit traces for one signature of one op: it takes the storages'
+    buffers in `entry.order` (`buffer_shapes`: each one's numel and dtype), then the
+    run-time values."""
     lowering = spec.lowering
     arg_parts = key[1:]
-    buffer_shapes = {p[0]: (p[5], p[6]) for p in tensor_parts(spec, key)}
     meta_structs = [None if m is None else
                     jax.ShapeDtypeStruct(tuple(m.shape), dtypes.to_jax(m.dtype))
                     for m in computed]
     out_specs = [None if o is None else o[:2] + o[3:4] for o in entry.outs]
     n_targets = len(entry.targets)
 
-    n_bufs = len(buffer_shapes)
-    order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
+    order = entry.order
+    n_bufs = len(order)
     flat_math = _shape_agnostic(spec, key)
     if flat_math:  # what a lowering sees of its outputs: 1-D too
         meta_structs = [m if m is None or len(m.shape) < 2 else
