@@ -49,32 +49,105 @@ CASES = {
 }
 
 
+MODES = ("strict", "fused", "debug", "compile")
+
+
+def _in_mode(mode, fn):
+    """fn run in an eager mode, or compiled (backend="pjrt") for "compile"."""
+    if mode == "compile":
+        torch._dynamo.reset()
+        return torch.compile(fn, backend="pjrt")
+
+    def run(*args):
+        with torch_pjrt.set_eager_mode(mode):
+            return fn(*args)
+    return run
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sdpa_matches_cpu(case):
+def test_sdpa_matches_cpu(case, mode):
+    """F.scaled_dot_product_attention as users call it: forward and every input's
+    gradient (a float mask's too) equal the CPU's, in every mode."""
     q, k, v, mask, kw = CASES[case]
     tensors = (q, k, v) if mask is None else (q, k, v, mask)
 
     def fn(q, k, v, mask=None):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
-    assert_same(outputs_and_grads(fn, *to_device(tensors)), outputs_and_grads(fn, *tensors),
-                atol=2e-5, rtol=2e-5)
+    actual = outputs_and_grads(_in_mode(mode, fn), *to_device(tensors))
+    assert_same(actual, outputs_and_grads(fn, *tensors), atol=2e-5, rtol=2e-5)
     assert not fallbacks_of(ATTENTION_OPS)
 
 
-def test_sdpa_dropout_is_reproducible_and_differentiable():
-    q, k, v = to_device(_qkv())
-    q.requires_grad_()
+@pytest.mark.parametrize("mode", MODES)
+def test_sdpa_dropout_statistics_seed_and_backward(mode):
+    """Dropout keeps each probability with chance 1 - p, scaled by 1 / (1 - p); the same
+    seed gives the same mask, and the backward uses the mask the forward drew. With q = k = 0
+    every probability is 1/S and v = I makes the output the dropped probabilities."""
+    p, n = 0.3, 64
+    q, k = torch.zeros(2, 4, n, 8), torch.zeros(2, 4, n, 8)
+    v = torch.eye(n).expand(2, 4, n, n).contiguous()
+    fn = _in_mode(mode, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=p))
 
-    def run():
-        torch.manual_seed(5)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    def run(seed):
+        torch.manual_seed(seed)
+        leaves = [t.detach().clone().requires_grad_() for t in to_device((q, k, v))]
+        out = fn(*leaves)
+        out.sum().backward()
+        return out.detach().cpu(), leaves[2].grad.cpu()
 
-    a, b = run(), run()
-    assert torch.equal(a.cpu(), b.cpu())
-    assert not torch.equal(a.cpu(), F.scaled_dot_product_attention(*to_device(_qkv())).cpu())
-    a.sum().backward()
-    assert torch.isfinite(q.grad.cpu()).all()
+    out, v_grad = run(5)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.02  # 32768 draws: 4.5 sigma
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / (n * (1 - p))))
+    # d(sum(D @ I)) / dv = D^T @ ones: each key's column sum of the dropped probabilities
+    torch.testing.assert_close(v_grad, out.sum(-2, keepdim=True).transpose(-1, -2).expand(
+        -1, -1, -1, n))
+    again, again_grad = run(5)
+    assert torch.equal(again, out) and torch.equal(again_grad, v_grad)
+    assert not torch.equal(run(6)[0], out)
+
+
+def _ops_called(fn, *args) -> tuple[set[str], object]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    with Log() as log:
+        result = fn(*args)
+    return log.names, result
+
+
+@pytest.mark.parametrize("backend,fused", [
+    ("MATH", False), ("OVERRIDEABLE", True), ("FLASH_ATTENTION", True),
+    ("EFFICIENT_ATTENTION", True), ("CUDNN_ATTENTION", True)])
+def test_sdpa_kernel_context_picks_the_path(backend, fused):
+    """torch.nn.attention.sdpa_kernel: MATH runs the decomposition; the fused backends a
+    CUDA script asks for (flash, memory-efficient, cuDNN) and OVERRIDEABLE run the lowered
+    fused kernel; both give the CPU's result."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv(heads_kv=2)
+
+    def fn(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.sum().backward()
+        return out.detach(), q.grad, k.grad, v.grad
+
+    expected = fn(*[t.detach().requires_grad_() for t in (q, k, v)])
+    leaves = [t.detach().to("pjrt").requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        names, actual = _ops_called(fn, *leaves)
+    assert ("_scaled_dot_product_fused_attention_overrideable" in names) == fused, names
+    assert_same(list(actual), list(expected), atol=2e-5, rtol=2e-5)
 
 
 def test_safe_softmax_zeroes_fully_masked_rows():

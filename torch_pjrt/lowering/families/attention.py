@@ -35,8 +35,11 @@ from ..registry import lower
 from ._ops import aten
 from .linalg import precision
 
-# Score matrices with more elements than this are computed block by block.
-DENSE_SCORES_LIMIT = 1 << 26
+# Score matrices with more elements than this are computed block by block: 16 MiB of
+# float32 scores (the backward holds about three such), so memory grows linearly with the
+# sequence from about 2k tokens on (4 heads); at 1 << 26 it grew 4x per doubling up to 8k
+# (bench/attention_memory.py, docs/attention.md).
+DENSE_SCORES_LIMIT = 1 << 22
 KEY_BLOCK = 512
 # Causal attention splits the queries into up to QUERY_BLOCKS blocks of at least
 # QUERY_BLOCK_MIN rows; each block only meets the keys it can see (about 5/8 of the

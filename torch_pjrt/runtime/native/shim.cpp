@@ -351,11 +351,15 @@ void register_metadata_ops(const std::vector<std::string>& names) {
 // PyTorch asks each backend which fused attention kernel to use; a PrivateUse1
 // backend can only answer from C++. The "overrideable" kernel is the lowered
 // one (dense or chunked online softmax); math stays available if it is turned off.
+// A script written for CUDA that asks for flash, memory-efficient or cuDNN attention
+// (torch.nn.attention.sdpa_kernel) gets the lowered kernel: it is the fused one here.
 int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
   auto& ctx = at::globalContext();
   bool batched = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;  // what the fused op takes
-  if (batched && ctx.userEnabledOverrideableSDP()) return int64_t(at::SDPBackend::overrideable);
+  bool fused = ctx.userEnabledOverrideableSDP() || ctx.userEnabledFlashSDP() ||
+               ctx.userEnabledMemEfficientSDP() || ctx.userEnabledCuDNNSDP();
+  if (batched && fused) return int64_t(at::SDPBackend::overrideable);
   if (ctx.userEnabledMathSDP()) return int64_t(at::SDPBackend::math);
   return int64_t(at::SDPBackend::error);
 }
