@@ -2,6 +2,7 @@
 exception inside a pending graph, pjrt tensors used from several threads at once. The
 program goes on, with the results CPU PyTorch gives."""
 
+import copy
 import gc
 import threading
 
@@ -30,7 +31,7 @@ class Trainer:
 
     def __init__(self):
         self.cpu = _model()
-        self.dev = _model().to("pjrt")
+        self.dev = copy.deepcopy(self.cpu).to("pjrt")  # (threads share the CPU generator)
         self.opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (self.cpu, self.dev)]
 
     def step(self, step):
@@ -56,6 +57,13 @@ def limited():
     old = m.limit
     yield m.set_limit
     m.set_limit(old)
+
+
+def test_memory_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TORCH_PJRT_MEMORY_LIMIT", "3.5e6")
+    assert memory._limit(0) == 3_500_000
+    monkeypatch.setenv("TORCH_PJRT_MEMORY_LIMIT", "")
+    assert memory._limit(0) > 3_500_000  # the device's own
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])

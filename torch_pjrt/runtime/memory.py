@@ -64,6 +64,7 @@ def reserve(index: int, nbytes: int) -> None:
     total = m.allocated + nbytes
     if total > m.soft_limit:
         _near_limit(m, total, nbytes)
+        total = m.allocated + nbytes  # another thread may have freed storages meanwhile
     m.allocated = total
     m.allocs += 1
     if total > m.peak:
