@@ -60,6 +60,14 @@ class Unsupported(Exception):
     """The graph has an op without a lowering (the caller runs it eagerly instead)."""
 
 
+# Builders of graphs that are not one single-device op, registered by upper layers:
+# distributed/compiled.py runs a graph with collectives as one SPMD program of its
+# process group. Each is called with (gm, interpreter fn, placeholders, computed outputs,
+# mutations, random, symbolic) and returns a runner (inputs -> computed outputs, mutated
+# inputs written) or None; it may raise Unsupported.
+program_hooks: list[Callable] = []
+
+
 def _metas(value) -> list:
     if isinstance(value, (list, tuple)):
         return [m for v in value for m in _metas(v)]
@@ -495,6 +503,11 @@ class CompiledGraph:
         self.bucketing = _bucketing(gm, placeholders, placeholder_metas, mutations)
         fn, random, products = _interpreter(gm, placeholders, computed, mutations,
                                             self.bucketing)
+        self.runner = None
+        for hook in program_hooks:
+            self.runner = self.runner or hook(
+                gm, fn, placeholders, computed, mutations, random,
+                any(_is_symbolic(p.meta.get("val")) for p in placeholders))
 
         # The operator takes the inputs in four lists (schemas are limited to 64 arguments):
         # mutated tensors, other tensors, integers (static), other numbers (run time).
@@ -537,6 +550,8 @@ class CompiledGraph:
             name = "graph_" + fingerprint(gm, internal_from,
                                           None if bucketing is None else bucketing.steps)
         self.name = name
+        if self.runner is not None:
+            self.runner.name = name
         self.n_inputs = len(placeholders)
         self.placeholder_metas = placeholder_metas
         self.out_metas = out_metas
@@ -581,6 +596,8 @@ class CompiledGraph:
         if self.symbolic:
             recompiles.note(self.op, _signature(args), f"compiled graph {self.op}",
                             "compiled")
+        if self.runner is not None:
+            return self._results(args, iter(self.runner(args)), sizes)
         g = self.groups
         outs = iter(self.op([args[i] for i in g["mutated"]], [args[i] for i in g["tensors"]],
                             [args[i] for i in g["ints"]], [args[i] for i in g["scalars"]]))

@@ -40,8 +40,19 @@ def _create(opts, backend_options=None) -> dist.ProcessGroup:
         timedelta(milliseconds=opts.timeout)
     _start(opts.store, opts.group_rank, opts.group_size, ranks, timeout)
     runtime.ensure_initialized()
+    _install_compiled()
     return ProcessGroupPjrt(opts.store, opts.group_rank, opts.group_size, timeout, ranks,
                             opts.group_id)
+
+
+def _install_compiled() -> None:
+    """Compiled graphs with collectives: the lowerings of the functional collectives and
+    the SPMD runner (needed once a process group exists)."""
+    from ..compile import graph
+    from . import compiled, lowerings  # noqa: F401 (registers the lowerings)
+
+    if compiled.build not in graph.program_hooks:
+        graph.program_hooks.append(compiled.build)
 
 
 def _start(store, rank: int, size: int, ranks: list[int], timeout: timedelta) -> None:

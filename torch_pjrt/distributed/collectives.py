@@ -46,23 +46,26 @@ class Group:
 
     def run(self, kind: str, params: tuple, arrays: list[jax.Array]) -> list[jax.Array]:
         """Collective `kind` over this rank's flat `arrays`: this rank's flat results."""
-        key = (kind, params, tuple((a.shape, a.dtype) for a in arrays))
+        return self.run_body((kind, params), lambda: _BODIES[kind](self.n, *params), arrays)
+
+    def run_body(self, key: tuple, make_body: Callable, arrays: list[jax.Array]
+                 ) -> list[jax.Array]:
+        """The SPMD program `make_body()` (a function of this rank's flat blocks, returning
+        a list of flat blocks; compiled once per `key` and input shapes) on `arrays`."""
+        key = (key, tuple((a.shape, a.dtype) for a in arrays))
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = self._build(kind, params, len(arrays))
+            body = make_body()
+
+            def blocks(*xs):
+                return tuple(body(*xs))
+
+            program = self._programs[key] = jax.jit(jax.shard_map(
+                blocks, mesh=self.mesh, in_specs=(P(AXIS),) * len(arrays), out_specs=P(AXIS),
+                check_vma=False))
         glob = [jax.make_array_from_single_device_arrays((self.n * a.shape[0],),
                                                          self.sharding, [a]) for a in arrays]
         return [out.addressable_data(0) for out in program(*glob)]
-
-    def _build(self, kind: str, params: tuple, n_arrays: int) -> Callable:
-        body = _BODIES[kind](self.n, *params)
-
-        def blocks(*xs):
-            return tuple(body(*xs))
-
-        specs = (P(AXIS),) * n_arrays
-        return jax.jit(jax.shard_map(blocks, mesh=self.mesh, in_specs=specs,
-                                     out_specs=P(AXIS), check_vma=False))
 
 
 # ---------------------------------------------------------------- reductions
