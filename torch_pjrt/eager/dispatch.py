@@ -186,6 +186,11 @@ def _resize_(self: torch.Tensor, size, memory_format=None):
     return aten.resize_.default.redispatch(_CPU_KEYS, self, size, memory_format=memory_format)
 
 
+def _record_stream(self: torch.Tensor, stream) -> None:
+    """Tensor.record_stream (FSDP2 calls it): nothing to record. A device runs one queue of
+    programs in order and XLA keeps a buffer alive while a program reading it runs."""
+
+
 _COPY_SPEC: opspec.OpSpec | None = None
 _TO_COPY_SPEC: opspec.OpSpec | None = None
 
@@ -197,6 +202,7 @@ SPECIAL_KERNELS = {
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.native_batch_norm.default: _native_batch_norm,
     aten.resize_.default: _resize_,
+    aten.record_stream.default: _record_stream,
 }
 
 

@@ -59,6 +59,7 @@ def install(native, flush) -> None:
     global _native, flush_pending
     _native = native
     flush_pending = flush
+    native.set_resize_callback(resize)
 
 
 def free(ptr: int) -> None:
@@ -68,6 +69,40 @@ def free(ptr: int) -> None:
         m = memory._devices[rec.device]
         m.allocated -= rec.nbytes
         m.frees += 1
+
+
+def resize(old_ptr: int, new_ptr: int, nbytes: int) -> None:
+    """Called by the native hooks for untyped_storage().resize_(nbytes): the record moves
+    to the storage's new handle (the same one when it shrinks) and keeps the first
+    min(old, new) bytes of its buffer; bytes past the old end read as zeros."""
+    rec = _records.get(old_ptr)
+    if rec is None:
+        return
+    old = rec.get() if rec.value is not None and nbytes else None  # (a pending one runs)
+    del _records[old_ptr]
+    memory.release(rec.device, rec.nbytes)
+    memory.reserve(rec.device, nbytes)
+    if old is not None:
+        if nbytes % rec.dtype.itemsize:  # keep it in bytes
+            old = jax.lax.bitcast_convert_type(old, jnp.uint8).reshape(-1) \
+                if rec.dtype != np.uint8 else old
+            rec.dtype = np.dtype(np.uint8)
+        rec.value = _resized(old, nbytes // rec.dtype.itemsize)
+    else:
+        rec.value = None  # nothing written yet, or nothing left: reads as zeros
+    if nbytes % rec.dtype.itemsize:
+        rec.dtype = np.dtype(np.uint8)
+    rec.nbytes = nbytes
+    rec.numel = nbytes // rec.dtype.itemsize
+    _records[new_ptr] = rec
+
+
+def _resized(flat, numel: int):
+    keep = min(flat.shape[0], numel)
+    head = flat[:keep]
+    if keep == numel:
+        return head
+    return jnp.concatenate([head, jnp.zeros((numel - keep,), flat.dtype)])
 
 
 def record(storage: torch.UntypedStorage) -> StorageRecord:

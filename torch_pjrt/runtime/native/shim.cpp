@@ -9,6 +9,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/core/Generator.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -23,6 +24,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -46,6 +48,7 @@ bool shutting_down = false;
 py::object* free_callback = nullptr;   // free(ptr: int) -> None
 py::object* sync_callback = nullptr;   // synchronize(device_index: int) -> None
 py::object* count_callback = nullptr;  // device_count() -> int (starts the PJRT client)
+py::object* resize_callback = nullptr;  // resize(old_ptr, new_ptr, nbytes) -> None
 
 // The device count is asked of Python on first use: it starts the PJRT
 // client, which `import torch` alone must not do.
@@ -126,6 +129,51 @@ struct PjrtAllocator final : c10::Allocator {
 };
 
 PjrtAllocator allocator;
+
+// ------------------------------------------------------------ pinned memory
+// Host memory PyTorch asks for as "pinned" (pin_memory(), DataLoader(pin_memory=True),
+// DDP's reducer, which checks it got some): PJRT copies from any host memory, so this
+// is the CPU allocator's memory, remembered so that is_pinned() says yes.
+struct PinnedAllocator final : c10::Allocator {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> blocks;  // start -> size
+
+  static void release(void* ptr);
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = c10::alloc_cpu(nbytes ? nbytes : 1);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      blocks[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
+    }
+    return {ptr, ptr, &PinnedAllocator::release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &PinnedAllocator::release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  bool contains(const void* ptr) {
+    auto p = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = blocks.upper_bound(p);
+    if (it == blocks.begin()) return false;
+    --it;
+    return p < it->first + std::max<size_t>(it->second, 1);
+  }
+};
+
+PinnedAllocator pinned;
+
+void PinnedAllocator::release(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(pinned.mu);
+    pinned.blocks.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  c10::free_cpu(ptr);
+}
 
 c10::DeviceIndex index_from_ptr(const void* ptr) {
   auto bits = reinterpret_cast<uint64_t>(ptr) >> kIndexShift;
@@ -262,12 +310,31 @@ struct PjrtHooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void* data) const override {
     return c10::Device(kPjrt, index_from_ptr(data));
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override {
-    return c10::GetAllocator(c10::DeviceType::CPU);
-  }
-  void resizePrivateUse1Bytes(const c10::Storage&, size_t) const override {
-    TORCH_CHECK(false, "pjrt: storages are resized by torch_pjrt, not in place");
+  bool isPinnedPtr(const void* ptr) const override { return pinned.contains(ptr); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &pinned; }
+  // untyped_storage().resize_(n) (FSDP2 frees and re-allocates its unsharded parameters
+  // so): a storage that grows gets a new handle, as a CPU storage gets new memory;
+  // Python moves the buffer's record to it, keeping the first min(old, new) bytes.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+    TORCH_CHECK(resize_callback != nullptr, "pjrt: a storage resize before PJRT started");
+    auto* impl = storage.unsafeGetStorageImpl();
+    void* old_ptr = impl->data_ptr().get();
+    c10::DataPtr fresh;
+    void* new_ptr = old_ptr;
+    if (nbytes > impl->nbytes()) {
+      c10::DeviceIndex saved = current_device;
+      current_device = index_from_ptr(old_ptr);
+      fresh = allocator.allocate(nbytes);
+      current_device = saved;
+      new_ptr = fresh.get();
+    }
+    {
+      py::gil_scoped_acquire gil;
+      (*resize_callback)(reinterpret_cast<uintptr_t>(old_ptr),
+                         reinterpret_cast<uintptr_t>(new_ptr), nbytes);
+    }
+    if (new_ptr != old_ptr) impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(nbytes);
   }
 };
 
@@ -408,6 +475,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unlock_ops", &torch_pjrt::unlock_ops);
   m.def("empty_strided", &empty_strided);
   m.def("set_free_callback", [](py::object fn) { free_callback = new py::object(std::move(fn)); });
+  m.def("set_resize_callback",
+        [](py::object fn) { resize_callback = new py::object(std::move(fn)); });
   m.def("philox_next", &philox_next);
   m.def("register_metadata_ops", &register_metadata_ops);
   m.def("default_generator", [](int i) { return default_generators().at(check_index(c10::DeviceIndex(i))); });
