@@ -1,6 +1,7 @@
-"""GPT training-step time: native CPU eager, Inductor, pjrt in every mode, and plain JAX.
+"""GPT training-step time: native CPU eager, Inductor, pjrt in every mode, and plain JAX;
+and bfloat16 autocast (float32 parameters) beside float32, natively and in pjrt fused eager.
 
-    python bench/train.py [--config demo|gpt|all] [--steps N] [--smoke]
+    python bench/train.py [--config demo|gpt|all] [--steps N] [--smoke] [--print-only]
 
 Every candidate starts from the same weights and sees the same batches; they take
 turns (a few steps each, round after round) so the machine's noise hits them alike.
@@ -40,8 +41,8 @@ class TorchTrainer:
     """A model + AdamW on one device, in one execution mode."""
 
     def __init__(self, name: str, model: GPT, device: str, mode: str | None,
-                 compile_backend: str | None = None):
-        self.name, self.device, self.mode = name, device, mode
+                 compile_backend: str | None = None, autocast: torch.dtype | None = None):
+        self.name, self.device, self.mode, self.autocast = name, device, mode, autocast
         self.model = model.to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
         self.forward = self.model
@@ -49,8 +50,10 @@ class TorchTrainer:
             self.forward = torch.compile(self.model, backend=compile_backend)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = self.forward(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        with torch.autocast(self.device, dtype=self.autocast or torch.bfloat16,
+                            enabled=self.autocast is not None):
+            logits = self.forward(x)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -81,6 +84,10 @@ def candidates(cfg: GPTConfig, model: GPT, names: list[str]) -> dict[str, Callab
         "pjrt compile": lambda: TorchTrainer("pjrt compile", copy.deepcopy(model), "pjrt",
                                              "fused", compile_backend="pjrt"),
         "jax jit": lambda: JaxTrainer(cfg, model, LR),
+        "cpu eager bf16": lambda: TorchTrainer("cpu eager bf16", copy.deepcopy(model), "cpu",
+                                               None, autocast=torch.bfloat16),
+        "pjrt fused bf16": lambda: TorchTrainer("pjrt fused bf16", copy.deepcopy(model), "pjrt",
+                                                "fused", autocast=torch.bfloat16),
     }
     return {n: makers[n] for n in names}
 
@@ -151,12 +158,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", choices=(*CONFIGS, "all"), default="all")
     p.add_argument("--candidates", default="cpu eager,cpu inductor,pjrt strict,pjrt fused,"
-                   "pjrt compile,jax jit")
+                   "pjrt compile,jax jit,cpu eager bf16,pjrt fused bf16",
+                   help="comma-separated; the bf16 ones run under torch.autocast(bfloat16)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--chunk", type=int, default=5)
     p.add_argument("--smoke", action="store_true", help="demo config, 2 steps, no Inductor; "
                    "for CI")
+    p.add_argument("--print-only", action="store_true",
+                   help="print the table without writing docs/benchmarks.md and bench/results")
     args = p.parse_args()
     names = [n.strip() for n in args.candidates.split(",")]
     keys = list(CONFIGS) if args.config == "all" else [args.config]
@@ -168,7 +178,7 @@ def main() -> None:
                           for k in keys}}
     text = markdown(report)
     print(text)
-    if not args.smoke:
+    if not (args.smoke or args.print_only):
         write_report("train", report, text)
 
 

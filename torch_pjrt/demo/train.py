@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import sys
@@ -28,8 +29,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-cpu", action="store_true",
                    help="also train on CPU PyTorch from the same weights and compare losses")
     p.add_argument("--plot", metavar="FILE", help="write the loss curves to this PNG")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
+                   help="bf16 or fp16: torch.autocast to that dtype (fp16 with a GradScaler); "
+                        "fp32: no autocast (default)")
+    p.add_argument("--param-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: parameters (and optimizer state) in bfloat16, "
+                        "model.to(torch.bfloat16) (default fp32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-bytes", type=int, default=160)
+
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PARAM_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def autocast(args, device: str):
+    """The autocast region of --precision (none for fp32)."""
+    dtype = PRECISIONS[getattr(args, "precision", "fp32")]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+def check_precision(args) -> None:
+    if args.param_dtype == "bf16" and args.precision == "fp16":
+        # autocast would mix float16 activations with bfloat16 weights, which it refuses
+        raise SystemExit("torch_pjrt demo: --param-dtype bf16 goes with --precision bf16 or "
+                         "fp32, not fp16")
 
 
 class Progress:
@@ -73,13 +99,14 @@ def _compile_step_model(model: GPT, mode: str):
 
 
 @torch.no_grad()
-def evaluate(model: GPT, val: torch.Tensor, cfg: GPTConfig, device: str, batches: int = 4,
-             batch_size: int = 16) -> float:
+def evaluate(model: GPT, val: torch.Tensor, cfg: GPTConfig, device: str, args=None,
+             batches: int = 4, batch_size: int = 16) -> float:
     gen = torch.Generator().manual_seed(1234)
     total = 0.0
     for _ in range(batches):
         x, y = text.batch(val, batch_size, cfg.seq_len, gen)
-        _, loss = model(x.to(device), y.to(device))
+        with autocast(args, device):
+            _, loss = model(x.to(device), y.to(device))
         total += loss.item()
     return total / batches
 
@@ -90,15 +117,20 @@ def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: st
     gen = torch.Generator().manual_seed(args.seed + 1)
     step_model = _compile_step_model(model, args.mode if device.startswith("pjrt") else "eager")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    # float16 gradients underflow without loss scaling (bfloat16 has float32's range)
+    scaler = torch.amp.GradScaler(torch.device(device).type,
+                                  enabled=getattr(args, "precision", "fp32") == "fp16")
     bar = Progress(args.steps, args.batch_size * cfg.seq_len, progress)
     losses = []
     first_done = None
     for step in range(1, args.steps + 1):
         x, y = text.batch(train_data, args.batch_size, cfg.seq_len, gen)
-        _, loss = step_model(x.to(device), y.to(device))
+        with autocast(args, device):
+            _, loss = step_model(x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         losses.append(loss.item())
         if step == 1:
             first_done = time.perf_counter()
@@ -109,6 +141,7 @@ def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: st
 def run(args) -> int:
     import torch_pjrt
 
+    check_precision(args)
     torch.manual_seed(args.seed)
     cfg = GPTConfig(**{**SIZES[args.model_size].__dict__, "seq_len": args.seq_len})
     corpus = text.load(args.data)
@@ -118,7 +151,8 @@ def run(args) -> int:
     device = args.device
     source = args.data or "the Python standard library's sources"
     print(f"torch-pjrt demo: GPT-{args.model_size} ({model.num_params() / 1e6:.2f}M params, "
-          f"{cfg.layers} layers, d={cfg.d_model}) on {device}, mode={args.mode}")
+          f"{cfg.layers} layers, d={cfg.d_model}) on {device}, mode={args.mode}, "
+          f"precision={args.precision}, parameters {PARAM_NAMES[args.param_dtype]}")
     print(f"  data: {source}, {len(corpus) / 1e6:.1f} MB bytes "
           f"(train {len(train_data) / 1e6:.1f} MB / validation {len(val_data) / 1e6:.1f} MB)")
     if device.startswith("pjrt"):
@@ -129,12 +163,16 @@ def run(args) -> int:
     start = time.perf_counter()
     ctx = _mode_context(args.mode, device)
     model.to(device)
-    val_before = evaluate(model, val_data, cfg, device)
+    if args.param_dtype == "bf16":
+        model.to(torch.bfloat16)
+    val_before = evaluate(model, val_data, cfg, device, args)
     losses, first_done = train(model, train_data, cfg, args, device, progress=True)
-    val_after = evaluate(model, val_data, cfg, device)
+    val_after = evaluate(model, val_data, cfg, device, args)
     prompt = torch.tensor([list(b"def ")], dtype=torch.long, device=device)
     drawn: list[int] = []  # streamed as they are drawn, as a chat UI would
-    model.generate(prompt, args.sample_bytes, on_token=lambda t: drawn.append(int(t[0, 0])))
+    with autocast(args, device):
+        model.generate(prompt, args.sample_bytes,
+                       on_token=lambda t: drawn.append(int(t[0, 0])))
     sample = bytes(list(b"def ") + drawn).decode("utf-8", errors="replace")
     if device.startswith("pjrt"):
         torch.pjrt.synchronize()
@@ -156,15 +194,16 @@ def run(args) -> int:
           f"{m.get('graph_cache_hits', 0)} graph cache hits, "
           f"{len(m.get('cpu_fallbacks', {}))} ops on CPU fallback)")
 
-    series = {f"{device} ({args.mode})": losses}
+    low = args.precision != "fp32" or args.param_dtype != "fp32"
+    series = {f"{device} ({args.mode}{', ' + args.precision if low else ''})": losses}
     if args.compare_cpu:
         cpu_model = GPT(cfg)
         cpu_model.load_state_dict(initial)
         cpu_args = copy.copy(args)
-        cpu_args.mode = "eager"
-        print("  CPU PyTorch, same initial weights and batches:")
+        cpu_args.mode, cpu_args.precision, cpu_args.param_dtype = "eager", "fp32", "fp32"
+        print("  CPU PyTorch in float32, same initial weights and batches:")
         cpu_losses, _ = train(cpu_model, train_data, cfg, cpu_args, "cpu", progress=True)
-        series["cpu (PyTorch eager)"] = cpu_losses
+        series["cpu (PyTorch eager, float32)"] = cpu_losses
         diffs = [abs(a - b) for a, b in zip(losses, cpu_losses)]
         print("  step    pjrt loss   cpu loss    |diff|")
         for i in sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4,
