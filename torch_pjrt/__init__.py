@@ -8,10 +8,10 @@ from .distributed import register as _register_distributed  # noqa: E402
 
 _register_distributed()
 
-from . import compile, eager, kernels, optim_step  # noqa: E402
-from .counters import metrics  # noqa: E402
+from . import compile, eager, kernels, optim_step, profiler  # noqa: E402
 from .eager.modes import get as get_eager_mode  # noqa: E402
 from .eager.modes import set_eager_mode  # noqa: E402
+from .report import metrics  # noqa: E402
 
 # What ensure_initialized() runs once PJRT has started, bottom layer first (the runtime
 # imports no layer above it; each one adds its own start here).
@@ -19,5 +19,5 @@ for _step in (eager.start, optim_step.install, compile.start, kernels.install_pe
     on_initialize(_step)
 
 __all__ = ["DEVICE_TYPE", "ensure_initialized", "get_eager_mode", "kernels", "metrics",
-           "register", "set_eager_mode"]
+           "profiler", "register", "set_eager_mode"]
 __version__ = "0.1.0"

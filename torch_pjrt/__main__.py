@@ -1,4 +1,4 @@
-"""`python -m torch_pjrt <command>`: info, demo, ops (coverage), cache."""
+"""`python -m torch_pjrt <command>`: info, demo, ops (coverage), cache, report."""
 
 from __future__ import annotations
 
@@ -34,12 +34,19 @@ def cache(args: argparse.Namespace) -> int:
     return cli.run_cache(args)
 
 
+def report(args: argparse.Namespace) -> int:
+    """Run a Python script (or -m module) and print torch_pjrt.metrics.report() at its end."""
+    from . import cli
+
+    return cli.run_report(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import cli
 
     parser = argparse.ArgumentParser(prog="python -m torch_pjrt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for fn in (info, demo, ops, cache):
+    for fn in (info, demo, ops, cache, report):
         p = sub.add_parser(fn.__name__, help=fn.__doc__, description=fn.__doc__)
         p.set_defaults(func=fn)
         if fn is ops:
@@ -50,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             add_arguments(p)
         elif fn is cache:
             p.add_argument("action", choices=("info", "clear"))
+        elif fn is report:
+            cli.add_report_arguments(p)
     args = parser.parse_args(argv)
     return args.func(args)
 

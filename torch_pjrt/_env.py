@@ -58,6 +58,13 @@ VARIABLES: tuple[EnvVar, ...] = (
            "group's timeout, or a different collective, shape or dtype, raises "
            "DistBackendError on every rank); 0: no check (a mismatch can hang or abort)."),
     EnvVar("TORCH_PJRT_VERBOSE", "0", "1: log compiles and CPU fallbacks to stderr."),
+    EnvVar("TORCH_PJRT_METRICS", "", "1: print torch_pjrt.metrics.report() at exit and warn "
+           "once per line that syncs in every training step; 0: note no lines of user code "
+           "for the report (syncs, compiles, fallbacks); empty: note them, print nothing "
+           "(docs/observability.md)."),
+    EnvVar("TORCH_PJRT_DUMP_DIR", "", "Directory to write each compiled program to: its "
+           "StableHLO, optimized HLO and a map to the ATen ops / FX nodes and source lines it "
+           "holds, named as profiles name the program; empty: no dumps."),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}

@@ -1,4 +1,5 @@
-"""`python -m torch_pjrt ops`: the OpInfo coverage sweep and its report."""
+"""`python -m torch_pjrt` commands: the OpInfo coverage sweep and its report, info, cache,
+and a script run under the metrics report."""
 
 from __future__ import annotations
 
@@ -192,3 +193,41 @@ def run_cache(args: argparse.Namespace) -> int:
           f"aot directory: {aot['directory']}\naot entries: {aot['entries']}\n"
           f"aot bytes: {aot['bytes']}")
     return 0
+
+
+# ------------------------------------------------------------------------ report
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=None, help="write the report to this file (default: stderr)")
+    p.add_argument("-m", dest="module", action="store_true",
+                   help="run a module (like python -m) instead of a script")
+    p.add_argument("target", help="the script (or, with -m, the module) to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Run the target as __main__, then write the report (also when it fails)."""
+    import runpy
+    import traceback
+
+    import torch_pjrt
+
+    sys.argv = [args.target, *args.args]
+    status = 0
+    try:
+        if args.module:
+            runpy.run_module(args.target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
+            runpy.run_path(args.target, run_name="__main__")
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    text = torch_pjrt.metrics.report()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        print(text, file=sys.stderr, end="", flush=True)
+    return status

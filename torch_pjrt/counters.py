@@ -38,7 +38,16 @@ def metrics() -> dict[str, Any]:
     return out
 
 
+_on_reset: list = []  # what else forgets its records with the counters (runtime.watch)
+
+
+def on_reset(fn) -> None:
+    _on_reset.append(fn)
+
+
 def reset() -> None:
+    for fn in _on_reset:
+        fn()
     _counters.clear()
     _counters.update(dict.fromkeys(_HOT, 0))
     _fallbacks.clear()

@@ -20,9 +20,11 @@ def _after_step(optimizer, args, kwargs) -> None:
     if torch.compiler.is_compiling():
         return
     from .eager import graph
+    from .runtime import watch
 
     if graph.pending:
         graph.flush("optimizer step")
+    watch.stepped()  # after the flush: the step's programs compile in their step
 
 
 def install() -> None:

@@ -15,6 +15,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from .. import _env, counters
+from ..runtime import watch
 from . import opspec
 
 _warned: set[str] = set()
@@ -50,6 +51,7 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
             "(TORCH_PJRT_CPU_FALLBACK=0)"
         )
     counters.count_fallback(name)
+    watch.fell_back(name)
     if name not in _warned:
         _warned.add(name)
         warnings.warn(

@@ -24,7 +24,7 @@ import torch
 
 from .. import _env, counters
 from ..lowering import checks
-from ..runtime import client, compile_cache, cpu_kernels
+from ..runtime import client, compile_cache, cpu_kernels, device_trace, watch
 from ..storage import table
 from . import recompiles
 
@@ -114,6 +114,8 @@ def _append(entry, recs: list, dyn: list, device: int, inputs) -> Node:
         inputs = [recs[i].value for i in entry.order]
     node = Node(entry, inputs, dyn, len(_nodes))
     _nodes.append(node)
+    if watch.op_sites:
+        watch.noted_op(node)
     pending = True
     if len(_nodes) >= max_ops:
         due = True
@@ -249,6 +251,7 @@ def _flush(reason: str) -> None:
     _device = None
     counters.count("flushes")
     counters.count(f"flushes.{reason}")
+    began = device_trace.now() if watch.profiling else 0
     try:
         _run_graph(nodes, records, superseded, device)
     except Exception as e:
@@ -256,6 +259,12 @@ def _flush(reason: str) -> None:
             if type(rec.value) is Lazy:
                 rec.value = Lost(e)
         raise
+    finally:
+        if began:
+            device_trace.host(f"pjrt flush: {reason}", began, {"ops": len(nodes)})
+        if watch.node_sites:
+            for node in nodes:
+                watch.node_sites.pop(id(node), None)
 
 
 def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) -> None:
@@ -331,12 +340,20 @@ def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) 
         recompiles.note(tuple(names), tuple(e.signature for e, _, _ in wiring), label,
                         "fused", "op")
         plan = _plans[key] = _build(wiring, outputs, len(inputs), donated, device, key[-1])
+        watch.describe(plan.name, "graph", label, [
+            (n.entry.name, n.entry.signature, watch.node_sites.get(id(n))) for n in kept])
     else:
         counters.count("graph_cache_hits")
     order = donated + [i for i in range(len(inputs)) if i not in set(donated)]
     start = time.perf_counter() if miss else 0.0
     try:
-        results = plan(*[inputs[i] for i in order], *dyn)
+        if watch.profiling:
+            results = device_trace.launch(
+                plan, plan.name, device, [*[inputs[i] for i in order], *dyn],
+                [inputs[i] for i in donated],
+                [(n.entry.name, watch.node_sites.get(id(n))) for n in kept])
+        else:
+            results = plan(*[inputs[i] for i in order], *dyn)
     except Exception as e:  # noqa: BLE001
         names = ", ".join(dict.fromkeys(n.entry.name for n in kept))
         raise RuntimeError(f"pjrt: a fused graph of {len(kept)} ops failed on the device "
@@ -406,11 +423,12 @@ def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
         for position, (entry, refs, n_dyn) in enumerate(wiring):
             args = [None if r is None else
                     placed[r] if type(r) is int else produced[r[0]][r[1]] for r in refs]
-            if entry.jaxpr is None:  # an op first seen in strict mode
-                res = entry.trace(*args, *dyn[d:d + n_dyn])
-            else:
-                # flat inputs as make_jaxpr saw them (None, here or in dyn, is no input)
-                res = entry.jaxpr(*jax.tree.leaves((args, dyn[d:d + n_dyn])))
+            with jax.named_scope(f"{position}:{entry.name}"):  # names the HLO ops' origin
+                if entry.jaxpr is None:  # an op first seen in strict mode
+                    res = entry.trace(*args, *dyn[d:d + n_dyn])
+                else:
+                    # flat inputs as make_jaxpr saw them (None, here or in dyn, is no input)
+                    res = entry.jaxpr(*jax.tree.leaves((args, dyn[d:d + n_dyn])))
             d += n_dyn
             if entry.checks:
                 flags.append(res[-1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 from .. import counters
+from ..runtime import watch
 
 LIMIT = 8
 
@@ -39,6 +40,7 @@ def note(code, signature: tuple, name: str, kind: str, unit: str = "input",
     if len(seen) > 1:
         counters.count("recompiles")
         counters.count(f"recompiles.{kind}")
+        watch.recompiled(name, describe(previous, signature, unit))
     if len(seen) > LIMIT and code not in _warned:
         _warned.add(code)
         warnings.warn(

@@ -46,6 +46,10 @@ def register() -> None:
         )
         _native = load()
         _native.install(_device_count, _free, _synchronize)
+        from . import device_trace, dumps
+
+        device_trace.install(_native)  # torch.profiler's pjrt activity
+        dumps.configure()
         trigger = torch.library.Library("_", "IMPL", "PrivateUse1")
         trigger.fallback(_first_use)
         _libs.append(trigger)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _env, counters
-from . import cache_files
+from . import cache_files, device_trace, dumps, watch
 
 _MAGIC = b"TPJRTXC1"
 _SUFFIX = ".xc"
@@ -179,14 +179,24 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
     set_side(info) restores it when the program comes from disk instead. drop() makes the
     caller let go of the program (it compiles it again, from disk, at its next use): called
     when the process holds too many programs (see _hold)."""
+    start = time.perf_counter()
+    began = device_trace.now() if watch.profiling else 0
+    lowered = None
     found = load(name, device)
     if found is not None:
         compiled, side = found
         if set_side is not None:
             set_side(side)
     else:
-        compiled = jitted.lower(*args).compile()
+        lowered = jitted.lower(*args)
+        compiled = lowered.compile()
         store(name, compiled, get_side() if get_side is not None else None)
+    source = "disk" if found is not None else "compiled"
+    program = watch.compiled(name, source, time.perf_counter() - start)
+    if watch.dumping:
+        dumps.write(program, compiled, lowered or jitted.lower(*args))
+    if began:
+        device_trace.compiled(program, began, source)
     if drop is not None:
         _hold(drop)
     return _entry_point(compiled)

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import source_info_util
 from jax.extend.core import Literal
 
 from .. import _env, counters
@@ -99,24 +100,31 @@ def _eval(jaxpr, consts, args, transposed: dict[int, tuple[Any, Any]]) -> list:
 
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
+    scope = source_info_util.current_name_stack()
     for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        if name in _INLINED:
-            inner = eqn.params["jaxpr"]
-            outs = _eval(inner.jaxpr, inner.consts, invals, transposed)
-        else:
-            outs = _gemm(eqn.params, invals, transposed) if name == "dot_general" else None
-            if outs is None:
-                with eqn.ctx.manager:
-                    outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-                if not eqn.primitive.multiple_results:
-                    outs = [outs]
-            if name == "transpose" and _swaps_last_two(eqn.params["permutation"]):
-                transposed[id(outs[0])] = (outs[0], invals[0])
+        # each op keeps its name scope (the ATen op it lowers, in the HLO's metadata)
+        with source_info_util.user_context(eqn.source_info.traceback,
+                                           name_stack=scope + eqn.source_info.name_stack):
+            outs = _eval_eqn(eqn, [read(v) for v in eqn.invars], transposed)
         for v, out in zip(eqn.outvars, outs):
             env[v] = out
     return [read(v) for v in jaxpr.outvars]
+
+
+def _eval_eqn(eqn, invals: list, transposed: dict) -> list:
+    name = eqn.primitive.name
+    if name in _INLINED:
+        inner = eqn.params["jaxpr"]
+        return _eval(inner.jaxpr, inner.consts, invals, transposed)
+    outs = _gemm(eqn.params, invals, transposed) if name == "dot_general" else None
+    if outs is None:
+        with eqn.ctx.manager:
+            outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+    if name == "transpose" and _swaps_last_two(eqn.params["permutation"]):
+        transposed[id(outs[0])] = (outs[0], invals[0])
+    return outs
 
 
 def _gemm(params, operands, transposed) -> list | None:

@@ -209,10 +209,21 @@ class Stream(torch.Stream):
         return super().__new__(cls, device=torch.device("pjrt", _index(device)), priority=priority)
 
 
-class Event(torch.Event):
+class _EventType(type(torch.Event)):
+    """isinstance(e, torch.pjrt.Event): any torch.Event of the pjrt device."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "pjrt"
+
+
+class Event(torch.Event, metaclass=_EventType):
+    """An event of the pjrt device: a plain torch.Event (PyTorch's elapsed_time takes no
+    subclass of it). With enable_timing=True, record() waits for the work queued before
+    it and keeps the time then, and elapsed_time() gives the milliseconds between two."""
+
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess=False):
-        return super().__new__(cls, device="pjrt", enable_timing=enable_timing,
-                               blocking=blocking, interprocess=interprocess)
+        return torch.Event(device="pjrt", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def current_stream(device: Any = None) -> torch.Stream:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from . import device_trace, watch
+
 # What synchronize() runs, in this order, each list in the order the steps were added:
 _before: list[Callable[[], None]] = []  # launch work still pending (a fused graph)
 _wait: list[Callable[[int | None, bool], None]] = []  # (device, quiet): block until
@@ -28,8 +30,12 @@ def synchronize(device: int | None = None) -> None:
     the device-side errors found."""
     for step in _before:
         step()
+    watch.synced("synchronize")
+    began = device_trace.now() if watch.profiling else 0
     for wait in _wait:
         wait(device, False)
+    if began:
+        device_trace.host("pjrt sync: synchronize", began)
     for step in _after:
         step()
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from .. import counters
-from ..runtime import client
+from ..runtime import client, device_trace, watch
 from . import dtypes
 
 # numpy has no bfloat16/float8: move those as same-width integers and reinterpret.
@@ -45,11 +45,36 @@ def host_to_device(t: torch.Tensor, device: int) -> jax.Array:
     # The transfer is asynchronous and reads the host memory later: give it a
     # private copy, so the caller may modify its CPU tensor right away.
     host = np.array(to_numpy(t).reshape(-1), copy=True)
+    if watch.profiling:
+        return _traced_put(host, device)
     return jax.device_put(host, client.device(device), may_alias=False)
 
 
 def device_to_host(buf: jax.Array, shape) -> torch.Tensor:
     """A CPU tensor with the contents of a dense device buffer (waits for it)."""
-    a = np.asarray(buf)
+    watch.synced("copy to host")
+    a = _traced_get(buf) if watch.profiling else np.asarray(buf)
     counters.count("device_to_host_bytes", a.nbytes)
     return from_numpy(a).reshape(shape)
+
+
+def _traced_put(host: np.ndarray, device: int) -> jax.Array:
+    """host_to_device under a profile: the transfer ends when its buffer is ready."""
+    start = device_trace.now()
+    buf = jax.device_put(host, client.device(device), may_alias=False)
+    device_trace.run("pjrt host to device", device, start, [buf], {"bytes": host.nbytes},
+                     device_trace.TRANSFER)
+    return buf
+
+
+def _traced_get(buf: jax.Array) -> np.ndarray:
+    """np.asarray(buf) under a profile: the wait for the program computing `buf` (a sync),
+    then the copy."""
+    start = device_trace.now()
+    buf.block_until_ready()
+    device_trace.host("pjrt sync: copy to host", start)
+    copied = device_trace.now()
+    a = np.asarray(buf)
+    device = client.devices().index(next(iter(buf.devices())))
+    device_trace.done("pjrt device to host", device, copied, {"bytes": a.nbytes})
+    return a

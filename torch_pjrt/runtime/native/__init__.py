@@ -16,7 +16,8 @@ from types import ModuleType
 import torch
 
 _SOURCES = [os.path.join(os.path.dirname(__file__), name)
-            for name in ("shim.cpp", "op_kernel.cpp", "cpu_kernels.cpp", "autocast.cpp")]
+            for name in ("shim.cpp", "op_kernel.cpp", "profiler.cpp", "cpu_kernels.cpp",
+                         "autocast.cpp")]
 _HEADERS = [os.path.join(os.path.dirname(__file__), "shim.h")]
 _NAME = "torch_pjrt_native"
 
@@ -81,6 +82,15 @@ def _arch_flags() -> list[str]:
     return []
 
 
+def _kineto_flags() -> tuple[list[str], list[str]]:
+    """(cflags, include paths) for profiler.cpp: the Kineto headers torch ships, where this
+    build of torch has Kineto (the profiler then sees the device)."""
+    include = os.path.join(os.path.dirname(torch.__file__), "include", "kineto")
+    if not os.path.isfile(os.path.join(include, "IActivityProfiler.h")):
+        return [], []
+    return ["-DUSE_KINETO"], [include]
+
+
 def load() -> ModuleType:
     """The shim module, compiling it first if this machine has no build of it."""
     build_dir = _private_build_dir()
@@ -92,8 +102,11 @@ def load() -> ModuleType:
 
     print("torch_pjrt: building the native runtime shim (once per machine, ~30 s)...",
           file=sys.stderr, flush=True)
+    kineto_cflags, kineto_include = _kineto_flags()
     return cpp_extension.load(
-        _NAME, _SOURCES, build_directory=build_dir, extra_cflags=["-O2", *_arch_flags()],
-        extra_include_paths=[jax.ffi.include_dir()],  # XLA's FFI headers (cpu_kernels.cpp)
+        _NAME, _SOURCES, build_directory=build_dir,
+        extra_cflags=["-O2", *_arch_flags(), *kineto_cflags],
+        # XLA's FFI headers (cpu_kernels.cpp), Kineto's (profiler.cpp)
+        extra_include_paths=[jax.ffi.include_dir(), *kineto_include],
         extra_ldflags=["-ldl"], verbose=False,
     )

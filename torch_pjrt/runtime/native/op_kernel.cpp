@@ -91,6 +91,9 @@ struct State {
 };
 State S;
 bool configured = false;
+// Set while someone watches each recorded op (a profile, program dumps): fused hits are
+// then recorded by Python, which notes the op's line of user code (runtime/watch.py).
+bool python_records = false;
 
 PyObject* s_numel = nullptr;
 PyObject* s_dtype = nullptr;
@@ -797,7 +800,7 @@ struct OpKernel final : c10::OperatorKernel {
       PyObject* entry = hit != nullptr ? PyTuple_GET_ITEM(hit, 0) : nullptr;
       if (entry != nullptr && PyTuple_GET_SIZE(hit) == 5 && S.entry.is(entry) &&
           flag(S.modes, s_fused) && S.entry.get(entry, kEntryAlone) == Py_False &&
-          record(entry, hit, args, stack))
+          !python_records && record(entry, hit, args, stack))
         return;
     }
     if (PyErr_Occurred()) throw py::error_already_set();
@@ -924,6 +927,7 @@ void add_op_kernel(py::module& m) {
   if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) throw py::error_already_set();
   m.def("configure_op_kernel", &configure);
   m.def("register_op_kernels", &register_op_kernels);
+  m.def("set_python_records", [](bool on) { python_records = on; });
 }
 
 }  // namespace torch_pjrt

@@ -22,6 +22,7 @@
 #include "shim.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -235,6 +236,12 @@ std::deque<at::Generator>& default_generators() {
 }
 
 // ------------------------------------------------------------- device guard
+struct PjrtEvent {
+  c10::DeviceIndex device = 0;
+  bool timed = false;
+  int64_t ns = 0;  // steady clock, when a timed event's work was done
+};
+
 struct PjrtGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kPjrt; }
   c10::Device exchangeDevice(c10::Device d) const override {
@@ -255,23 +262,39 @@ struct PjrtGuard final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
-  // Events: one PJRT device runs its work in order, so an event is the
-  // device index it was recorded on, and waiting for it waits for the device.
+  // Events: one PJRT device runs its work in order, so an event is the device it was
+  // recorded on, and waiting for it waits for the device. An event with timing
+  // (enable_timing=True) waits where it is recorded, for the work queued before it, and
+  // keeps the time then: elapsed_time is the time between two such points.
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex,
-              const c10::EventFlag) const override {
-    *event = reinterpret_cast<void*>(intptr_t(stream.device_index()) + 1);
+              const c10::EventFlag flag) const override {
+    auto* e = static_cast<PjrtEvent*>(*event);
+    if (e == nullptr) *event = e = new PjrtEvent();
+    e->device = stream.device_index();
+    e->timed = flag == c10::EventFlag::BACKEND_DEFAULT;
+    if (e->timed) {
+      call_sync(e->device);
+      e->ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now().time_since_epoch()).count();
+    }
   }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void* event) const override {
-    if (event) call_sync(c10::DeviceIndex(reinterpret_cast<intptr_t>(event) - 1));
+    if (event) call_sync(static_cast<PjrtEvent*>(event)->device);
     return true;
   }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
-  void synchronizeEvent(void* event) const override {
-    if (event) call_sync(c10::DeviceIndex(reinterpret_cast<intptr_t>(event) - 1));
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<PjrtEvent*>(event);
   }
-  double elapsedTime(void*, void*, const c10::DeviceIndex) const override {
-    TORCH_CHECK(false, "pjrt: event timing is not supported; use torch.profiler");
+  void synchronizeEvent(void* event) const override {
+    if (event) call_sync(static_cast<PjrtEvent*>(event)->device);
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    auto* a = static_cast<PjrtEvent*>(start);
+    auto* b = static_cast<PjrtEvent*>(end);
+    TORCH_CHECK(a != nullptr && b != nullptr && a->timed && b->timed,
+                "pjrt: elapsed_time needs two events recorded with enable_timing=True");
+    return double(b->ns - a->ns) / 1e6;
   }
   bool queryStream(const c10::Stream& stream) const override {
     call_sync(stream.device_index());
@@ -495,4 +518,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   torch_pjrt::add_op_kernel(m);
+  torch_pjrt::add_profiler(m);
 }

@@ -1,4 +1,4 @@
-// What the native sources of torch-pjrt share (shim.cpp, op_kernel.cpp).
+// What the native sources of torch-pjrt share (shim.cpp, op_kernel.cpp, profiler.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,5 +26,8 @@ struct OpsLocked {
 
 // op_kernel.cpp: the op cache key, new_tensor, and the kernel of lowered ops.
 void add_op_kernel(pybind11::module& m);
+
+// profiler.cpp: torch.profiler's device activities (a Kineto child profiler).
+void add_profiler(pybind11::module& m);
 
 }  // namespace torch_pjrt

@@ -1,0 +1,241 @@
+"""torch.profiler's pjrt activities: the Python side of runtime/native/profiler.cpp.
+
+While a profile with the pjrt (PrivateUse1) activity records, `active` is true and the
+launch paths hand each program run, transfer, compile, flush and synchronization to
+this module; when the profile stops they go to the native session, which gives them to
+Kineto linked to the op that launched them.
+
+A program's device time is measured from the host. It ends when its outputs are ready:
+a thread waits for each program in turn (a program whose outputs are about to be donated
+to the next one is waited for by the launching thread first, as a donated array can no
+longer be waited for). It starts when it was launched or when the previous program of its
+device ended, whichever is later: a device runs its programs in order.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+
+from . import sites, watch
+
+PROGRAM, TRANSFER, HOST = 0, 1, 2  # activity kinds, as profiler.cpp maps them
+_STREAMS = {PROGRAM: 0, TRANSFER: 1}  # a device's tracks in the trace
+
+active = False
+_native = None
+_events: list[tuple] = []  # (kind, name, start, end, device or 0, stream or thread, link, meta)
+_runs: list[_Run] = []  # device activities of this profile, in launch order
+_outputs: dict[int, _Run] = {}  # id of an array a run produces -> that run, until it ends
+_queue: queue.SimpleQueue | None = None
+_waiter: threading.Thread | None = None
+_lock = threading.Lock()
+_switch_interval: float | None = None
+_STOP_TIMEOUT = 120.0  # seconds to wait at the end of a profile for programs still running
+
+
+class _Run:
+    """A program run or a transfer on a device, until its end is seen."""
+
+    __slots__ = ("kind", "name", "device", "launched", "end", "arrays", "link", "meta")
+
+    def __init__(self, kind: int, name: str, device: int, launched: int, arrays: list,
+                 link: int, meta: dict):
+        self.kind = kind
+        self.name = name
+        self.device = device
+        self.launched = launched
+        self.end = 0
+        self.arrays = arrays
+        self.link = link
+        self.meta = meta
+
+
+def install(native) -> bool:
+    """Register the profiler with PyTorch; False where this build of torch has no Kineto."""
+    global _native
+    _native = native
+    watch.set_op_sites_hook(native.set_python_records)
+    return bool(native.profiler_install(_start, _stop))
+
+
+def now() -> int:
+    """The profile's clock: nanoseconds since the epoch, as PyTorch's own events."""
+    return time.time_ns()
+
+
+def _link() -> int:
+    return _native.profiler_correlation() if _native is not None else 0
+
+
+def host(name: str, start: int, meta: dict | None = None) -> None:
+    """Something the host did from `start` until now (a compile, a flush, a wait)."""
+    if active:
+        _events.append((HOST, name, start, now(), 0, threading.get_native_id(), _link(),
+                        meta or {}))
+
+
+_compiles = 0  # compiles seen in this profile
+_compiled_end = 0  # when the last of them ended
+
+
+def compiled(program: watch.Program, start: int, source: str) -> None:
+    """A program was compiled (`source` "compiled") or loaded from disk ("disk")."""
+    global _compiles, _compiled_end
+    host(f"pjrt compile {program.name}", start, {"cache": source, "program": program.title})
+    _compiles += 1
+    _compiled_end = now()
+
+
+def launch(fn, digest: str, device: int, args: list, donated: list, ops: list):
+    """fn(*args), the launch of program `digest` (which may compile it first), as a device
+    activity; `ops`: (op, its line of user code) of each op it computes, in this run."""
+    before_donation(donated)
+    compiles = _compiles
+    launched = now()
+    results = fn(*args)
+    program = watch.program(digest)
+    cache = "memory"
+    if _compiles != compiles:  # compiled first: the program ran after that
+        launched = _compiled_end
+        cache = watch.last_compile[1] if watch.last_compile else "compiled"
+    run(program.label, device, launched, _leaves(results),
+        {"program": program.title, "ops": _ops_text(ops), "sites": _sites_text(ops),
+         "cache": cache})
+    return results
+
+
+def _leaves(results) -> list:
+    if isinstance(results, (list, tuple)):
+        return [x for r in results for x in _leaves(r)]
+    return [results]
+
+
+_OPS_SHOWN = 64
+
+
+def _ops_text(ops: list) -> str:
+    names = [op for op, _ in ops[:_OPS_SHOWN]]
+    more = f", ... ({len(ops)} ops)" if len(ops) > _OPS_SHOWN else ""
+    return ", ".join(names) + more
+
+
+def _sites_text(ops: list) -> str:
+    """The distinct lines of user code the ops came from, with how many came from each."""
+    counts: dict = {}
+    for _, site in ops:
+        if site is not None:
+            counts[site] = counts.get(site, 0) + 1
+    shown = [sites.text(s) + (f" x{n}" if n > 1 else "") for s, n in
+             list(counts.items())[:_OPS_SHOWN // 4]]
+    return ", ".join(shown)
+
+
+def run(name: str, device: int, launched: int, arrays, meta: dict,
+        kind: int = PROGRAM) -> None:
+    """A program (or a transfer) launched at `launched` on `device`, producing `arrays`:
+    it ends when they are ready."""
+    if not active:
+        return
+    arrays = [a for a in arrays if hasattr(a, "block_until_ready")]
+    r = _Run(kind, name, device, launched, arrays, _link(), meta)
+    with _lock:
+        _runs.append(r)
+        for a in r.arrays:
+            _outputs[id(a)] = r
+    _queue.put(r)
+
+
+def done(name: str, device: int, start: int, meta: dict, kind: int = TRANSFER) -> None:
+    """A device activity that ended now, timed by its caller (a copy to the host)."""
+    if active:
+        r = _Run(kind, name, device, start, [], _link(), meta)
+        r.end = now()
+        with _lock:
+            _runs.append(r)
+
+
+def before_donation(arrays) -> None:
+    """Wait for the runs that produced arrays about to be donated (then deleted)."""
+    if not _outputs:
+        return
+    for a in arrays:
+        r = _outputs.get(id(a))
+        if r is not None and not r.end:
+            try:
+                a.block_until_ready()
+            except Exception:  # noqa: BLE001 - its failure is reported where it is read
+                pass
+            _ended(r, now())
+
+
+def _ended(r: _Run, end: int) -> None:
+    with _lock:
+        if not r.end:
+            r.end = end
+        for a in r.arrays:
+            _outputs.pop(id(a), None)
+        r.arrays = []
+
+
+def _wait_loop(q: queue.SimpleQueue) -> None:
+    """The waiter: each run's end, in launch order."""
+    while True:
+        r = q.get()
+        if r is None:
+            return
+        for a in list(r.arrays):
+            if r.end:
+                break
+            try:
+                a.block_until_ready()
+                break
+            except Exception:  # noqa: BLE001 - donated (its end is set) or failed
+                continue
+        _ended(r, now())
+
+
+def _start() -> None:
+    """The profile starts recording (profiler.cpp's Session::start)."""
+    global active, _queue, _waiter, _switch_interval
+    _events.clear()
+    _runs.clear()
+    _outputs.clear()
+    _queue = queue.SimpleQueue()
+    _waiter = threading.Thread(target=_wait_loop, args=(_queue,), daemon=True,
+                               name="torch_pjrt profiler")
+    _waiter.start()
+    # The waiter takes a program's end once it holds the GIL again: ask the recording
+    # thread to let go of it every 0.1 ms instead of every 5 ms.
+    _switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(_switch_interval, 1e-4))
+    active = True
+    watch.set_profiling(True)
+
+
+def _stop() -> list[tuple]:
+    """The profile stops (Session::stop): every activity, device start times resolved."""
+    global active, _queue, _waiter
+    active = False
+    watch.set_profiling(False)
+    if _queue is not None:
+        _queue.put(None)
+        _waiter.join(_STOP_TIMEOUT)
+    _queue = _waiter = None
+    if _switch_interval is not None:
+        sys.setswitchinterval(_switch_interval)
+    events = list(_events)
+    last_end: dict[tuple[int, int], int] = {}
+    for r in sorted(_runs, key=lambda r: r.launched):
+        end = r.end or now()
+        track = (r.device, _STREAMS[r.kind])
+        start = max(r.launched, min(last_end.get(track, 0), end))
+        last_end[track] = max(end, last_end.get(track, 0))
+        events.append((r.kind, r.name, start, max(end, start + 1), r.device,
+                       _STREAMS[r.kind], r.link, r.meta))
+    _events.clear()
+    _runs.clear()
+    _outputs.clear()
+    return events

@@ -1,0 +1,298 @@
+"""What the backend did, for those who watch it: the records behind the metrics report,
+profiles and program dumps, and the switches the hot paths test before noting anything.
+
+Cheap notes are always taken where something rare happens (a compile, a recompile, a
+synchronization, a CPU fallback, an optimizer step), with the user's line of code
+(sites.py) unless TORCH_PJRT_METRICS=0. Per-op notes (each recorded op's line) are taken
+only while a profile or a dump asks for them (`op_sites`). torch_pjrt.metrics.report()
+reads these records; torch_pjrt.counters holds the counts they agree with.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .. import _env, counters
+from . import sites as _sites
+
+# ---------------------------------------------------------------- the switches
+notes = True  # note the user's line at syncs, compiles and fallbacks (TORCH_PJRT_METRICS!=0)
+loud = False  # TORCH_PJRT_METRICS=1: the report at exit, warnings for per-step syncs
+profiling = False  # a torch.profiler session with the pjrt activity is recording
+dumping = False  # TORCH_PJRT_DUMP_DIR is set
+op_sites = False  # note each recorded op's line (profiling or dumping)
+_op_sites_hook = None  # tells the native kernel of lowered ops to leave records to Python
+
+
+def set_profiling(on: bool) -> None:
+    global profiling
+    profiling = on
+    _update_op_sites()
+
+
+def set_dumping(on: bool) -> None:
+    global dumping
+    dumping = on
+    _update_op_sites()
+
+
+def set_op_sites_hook(fn) -> None:
+    """`fn(on)`: while on, every recorded op goes through Python (which notes its line)."""
+    global _op_sites_hook
+    _op_sites_hook = fn
+    _update_op_sites()
+
+
+def _update_op_sites() -> None:
+    global op_sites
+    op_sites = profiling or dumping
+    if _op_sites_hook is not None:
+        _op_sites_hook(op_sites)
+
+
+def configure() -> None:
+    """Read TORCH_PJRT_METRICS (at initialization)."""
+    global notes, loud
+    value = _env.get("TORCH_PJRT_METRICS").strip().lower()
+    notes = value not in ("0", "off", "false", "no")
+    loud = value in ("1", "on", "true", "yes", "exit")
+
+
+def site():
+    """The user's line, where notes are taken (else None)."""
+    return _sites.user_site() if notes else None
+
+
+node_sites: dict[int, tuple | None] = {}  # id of a pending fused-graph node -> its op's line
+
+
+def noted_op(node) -> None:
+    """A recorded op's line of user code (while op_sites), until its graph runs."""
+    node_sites[id(node)] = _sites.user_site()
+
+
+# -------------------------------------------------------------------- programs
+@dataclass
+class Program:
+    """One compiled XLA program: a strict op, a fused graph or a torch.compile graph.
+
+    `name` is how profiles and dump files call it: its kind and the first 12 hex digits of
+    its digest (the key of the persistent compile cache)."""
+
+    digest: str
+    kind: str  # "op", "graph" (fused eager) or "compiled" (torch.compile)
+    title: str  # 'aten.add.Tensor(float32[8])', 'fused graph of 57 ops', ...
+    ops: list = field(default_factory=list)  # (op or FX node, signature or target, site)
+    compiles: int = 0  # compiled by XLA in this process
+    loads: int = 0  # taken from the disk cache
+    seconds: float = 0.0  # compiling or loading
+    step: int | None = None  # the optimizer step in which it first compiled or loaded
+    site: tuple | None = None  # the user's line at that moment
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.digest[:12]}"
+
+    @property
+    def label(self) -> str:
+        """The name with what it computes, briefly: what a profile's table shows."""
+        if self.kind == "op" and self.ops:
+            return f"{self.name} {self.ops[0][0]}"
+        return f"{self.name} ({len(self.ops)} ops)" if self.ops else self.name
+
+
+_programs: dict[str, Program] = {}  # digest -> its record (described or compiled)
+
+
+def describe(digest: str, kind: str, title: str, ops: list) -> Program:
+    """What a program holds, from the code that builds it (before it compiles)."""
+    p = _programs.get(digest)
+    if p is None:
+        p = _programs[digest] = Program(digest, kind, title, list(ops))
+    elif ops and not p.ops:
+        p.ops = list(ops)
+    return p
+
+
+def program(digest: str) -> Program:
+    """The record of a program (one that nobody described is an op of unknown kind)."""
+    p = _programs.get(digest)
+    if p is None:
+        p = _programs[digest] = Program(digest, "op", "a program")
+    return p
+
+
+def programs() -> list[Program]:
+    """Programs that compiled or loaded in this process, in that order."""
+    return [p for p in _programs.values() if p.compiles or p.loads]
+
+
+last_compile: tuple[str, str] | None = None  # (digest, "compiled" or "disk") of the last
+
+
+def compiled(digest: str, source: str, seconds: float) -> Program:
+    """A program was compiled by XLA (`source` "compiled") or loaded from the disk cache
+    ("disk"), taking `seconds`."""
+    global last_compile
+    p = program(digest)
+    if source == "disk":
+        p.loads += 1
+    else:
+        p.compiles += 1
+    p.seconds += seconds
+    if p.step is None:
+        p.step = _steps
+        p.site = site()
+    _compile_steps.append(_steps)
+    last_compile = (digest, source)
+    return p
+
+
+# ------------------------------------------------------------------ recompiles
+@dataclass
+class Recompile:
+    what: str  # the program's code: 'a fused graph of 57 ops (aten.mm, ...)'
+    reason: str  # which input of which op or graph changed, and how
+    step: int
+    site: tuple | None
+
+
+_recompiles: list[Recompile] = []
+_RECOMPILES_KEPT = 1000  # the first ones are kept, and the count of the rest
+
+
+def recompiled(what: str, reason: str) -> None:
+    """The same code compiled again for other inputs (eager.recompiles tells why)."""
+    global _recompiles_dropped
+    if len(_recompiles) < _RECOMPILES_KEPT:
+        _recompiles.append(Recompile(what, reason, _steps, site()))
+    else:
+        _recompiles_dropped += 1
+    _recompile_steps.append(_steps)
+
+
+_recompiles_dropped = 0
+
+
+def recompiles() -> tuple[list[Recompile], int]:
+    """(the recompiles noted, how many more happened)."""
+    return list(_recompiles), _recompiles_dropped
+
+
+# ---------------------------------------------------------- syncs and fallbacks
+_syncs: Counter = Counter()  # (what, site) -> times the host waited for the device there
+_fallbacks: Counter = Counter()  # (op, site) -> calls run on the CPU from there
+_sync_steps: dict = {}  # site -> [first step of the current run of steps, last step]
+_warned_sites: set = set()
+_STEPS_TO_WARN = 5  # a site syncing in this many consecutive steps is warned about
+
+
+def synced(what: str, where=None) -> None:
+    """The host waited for the device (`what`: 'copy to host', 'synchronize', ...)."""
+    where = where if where is not None else site()
+    _syncs[(what, where)] += 1
+    if loud and where is not None:
+        _note_step_site(where, what)
+
+
+def fell_back(op: str) -> None:
+    _fallbacks[(op, site())] += 1
+
+
+def syncs() -> Counter:
+    return Counter(_syncs)
+
+
+def fallbacks() -> Counter:
+    return Counter(_fallbacks)
+
+
+def _note_step_site(where: tuple, what: str) -> None:
+    run = _sync_steps.get(where)
+    if run is None or _steps > run[1] + 1:
+        _sync_steps[where] = [_steps, _steps]
+        return
+    run[1] = _steps
+    if run[1] - run[0] + 1 >= _STEPS_TO_WARN and where not in _warned_sites:
+        _warned_sites.add(where)
+        path, line, _ = where
+        warnings.warn_explicit(
+            f"pjrt: this line makes the host wait for the device ({what}) in every training "
+            f"step ({run[1] - run[0] + 1} steps so far): the host cannot record the next "
+            "step while the device runs this one. Read values every few steps instead "
+            "(see torch_pjrt.metrics.report()).", UserWarning, path, line)
+
+
+# ------------------------------------------------------------------------ steps
+_steps = 0  # optimizer steps taken
+_compile_steps: list[int] = []  # the step of each compile or load
+_recompile_steps: list[int] = []
+_started = time.time()
+
+
+def stepped() -> None:
+    """An optimizer step ended (what the report's steady-state verdict counts in)."""
+    global _steps
+    _steps += 1
+    if loud and len(_recompile_steps) >= _STEPS_TO_WARN:
+        _warn_recompiling()
+
+
+def steps() -> int:
+    return _steps
+
+
+def compile_steps() -> list[int]:
+    return list(_compile_steps)
+
+
+def recompile_steps() -> list[int]:
+    return list(_recompile_steps)
+
+
+_warned_recompiling = False
+
+
+def _warn_recompiling() -> None:
+    """Once: recompiles in each of the last few steps."""
+    global _warned_recompiling
+    recent = set(_recompile_steps[-_STEPS_TO_WARN:])
+    if _warned_recompiling or len(recent) < _STEPS_TO_WARN or \
+            min(recent) < _steps - _STEPS_TO_WARN:
+        return
+    _warned_recompiling = True
+    last = _recompiles[-1] if _recompiles else None
+    text = f" ({last.what}: {last.reason})" if last else ""
+    warnings.warn(f"pjrt: the training loop recompiles in every step{text}; see "
+                  "torch_pjrt.metrics.report()", UserWarning, stacklevel=3)
+
+
+def reset() -> None:
+    """Forget everything noted (with torch_pjrt.counters.reset())."""
+    global _recompiles_dropped, _steps, last_compile, _warned_recompiling, _started
+    for p in _programs.values():
+        p.compiles = p.loads = 0
+        p.seconds = 0.0
+        p.step = p.site = None
+    _recompiles.clear()
+    _recompiles_dropped = 0
+    _syncs.clear()
+    _fallbacks.clear()
+    _sync_steps.clear()
+    _compile_steps.clear()
+    _recompile_steps.clear()
+    _steps = 0
+    last_compile = None
+    _warned_recompiling = False
+    _started = time.time()
+
+
+def started() -> float:
+    return _started
+
+
+counters.on_reset(reset)
+configure()
