@@ -10,6 +10,7 @@ synchronous launch. Times are microseconds per op.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -51,6 +52,9 @@ def _per_op_seconds(fn, args, n: int, mode: str | None) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--smoke", action="store_true", help="tiny counts, for CI")
+    p.add_argument("--json", default=None,
+                   help="write the microseconds per op to this file instead of the report "
+                        "(bench/watching.py compares two commits with it)")
     args = p.parse_args()
     n, rounds = (50, 1) if args.smoke else (2000, 7)
     rows = {}
@@ -72,7 +76,10 @@ def main() -> None:
                      f"{r['debug']:.2f} | {r['strict'] / r['cpu']:.1f}x | "
                      f"{r['fused'] / r['cpu']:.1f}x |")
     print("\n".join(lines))
-    if not args.smoke:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    elif not args.smoke:
         write_report("ops", {"environment": environment(), "us_per_op": rows},
                      "\n".join(lines + ["", f"Environment: `{environment()}`"]))
 

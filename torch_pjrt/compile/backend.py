@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 
 from .. import _env, counters
 from ..lowering import registry
+from ..runtime import sites
 from . import graph, warm
 
 _warned: set[str] = set()
@@ -50,17 +51,21 @@ class _LazyDecompositions(Mapping):
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
-                   user_outputs: int | None = None) -> warm.PjrtOutputCode:
-    """AOTAutograd's forward, backward and inference compiler."""
-    return compile_output(gm, example_inputs, _internal_outputs_from(user_outputs))
+                   user_outputs: int | None = None,
+                   lines: dict | None = None) -> warm.PjrtOutputCode:
+    """AOTAutograd's forward, backward and inference compiler. `lines`: the line of user
+    code of each node of the graph Dynamo captured, by node name."""
+    return compile_output(gm, example_inputs, _internal_outputs_from(user_outputs),
+                          lines=lines)
 
 
 def compile_output(gm: torch.fx.GraphModule, example_inputs: list, internal_from: int | None,
-                   name: str | None = None) -> warm.PjrtOutputCode:
+                   name: str | None = None, lines: dict | None = None
+                   ) -> warm.PjrtOutputCode:
     """One graph as one XLA program (or, without a lowering for one of its ops, run op by
     op); also how a warm start rebuilds a graph from the AOTAutograd cache."""
     try:
-        compiled = graph.CompiledGraph(gm, list(example_inputs), internal_from, name)
+        compiled = graph.CompiledGraph(gm, list(example_inputs), internal_from, name, lines)
     except graph.Unsupported as e:
         if str(e) != "a graph without tensor inputs":  # else nothing to offload: run it as is
             if not _env.flag("TORCH_PJRT_CPU_FALLBACK"):
@@ -108,8 +113,12 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
     runtime.ensure_initialized()
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     user_outputs = len(pytree.arg_tree_leaves(*out_node.args))
-    compilers = {"fw_compiler": functools.partial(_compile_graph, user_outputs=user_outputs),
-                 "inference_compiler": _compile_graph, "bw_compiler": _compile_graph}
+    # the user's lines, for profiles and dumps (AOTAutograd's nodes name Dynamo's)
+    lines = {n.name: site for n in gm.graph.nodes
+             if (site := sites.from_traceback(n.meta.get("stack_trace"))) is not None}
+    compile_graph = functools.partial(_compile_graph, lines=lines)
+    compilers = {"fw_compiler": functools.partial(compile_graph, user_outputs=user_outputs),
+                 "inference_compiler": compile_graph, "bw_compiler": compile_graph}
     cached = warm.enabled()
     if cached:  # AOTAutograd's result kept on disk for the next process (see warm.py)
         compilers = {k: warm.serializable(fn) for k, fn in compilers.items()}

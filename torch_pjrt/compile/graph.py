@@ -30,6 +30,7 @@ import torch.fx
 from .. import counters
 from ..eager import opspec, recompiles
 from ..lowering import apply, registry
+from ..runtime import watch
 from ..storage import dtypes, table, views
 from . import buckets
 
@@ -452,18 +453,34 @@ def _apply_views(t: torch.Tensor, steps: list) -> torch.Tensor:
     return t
 
 
+def _describe(name: str, gm: torch.fx.GraphModule, lines: dict) -> None:
+    """What the graph's programs hold, for profiles, dumps and the report: each node with
+    its target and the user's line Dynamo traced it from (a backward node: its forward's)."""
+    ops = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        source = node.meta.get("source_fn_stack") or node.meta.get("fwd_source_fn_stack")
+        ops.append((node.name, str(node.target), lines.get(source[-1][0]) if source else None))
+    watch.describe_op(f"pjrt_graphs.{name}.default", "compiled",
+                      f"torch.compile graph {name} ({len(ops)} ops)", ops)
+
+
 class CompiledGraph:
     """Calls the graph's operator with the graph's inputs; outputs that are inputs pass
     through untouched."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list,
-                 internal_from: int | None = None, name: str | None = None):
+                 internal_from: int | None = None, name: str | None = None,
+                 lines: dict | None = None):
         """`internal_from`: outputs from this index on are read only by our own graphs
         (a forward's saved activations); they keep their dimension order but lose the gaps
         of the views they were traced as (q, k and v are views of one qkv buffer), so the
         program writes each one plainly instead of padding it out to the whole buffer.
         `name`: the operator's name when this graph was compiled before (a warm start
-        rebuilds it from a stored copy, whose printout may differ in symbol names)."""
+        rebuilds it from a stored copy, whose printout may differ in symbol names).
+        `lines`: the user's line of each node of Dynamo's graph, by name (for profiles and
+        dumps; a graph from the AOTAutograd cache has none)."""
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if not any(isinstance(ex, torch.Tensor) for ex in example_inputs):
             # the dispatcher finds a backend through tensor arguments: none, no operator
@@ -557,6 +574,7 @@ class CompiledGraph:
         self.out_metas = out_metas
         self.symbolic = any(_is_symbolic(m) for m in placeholder_metas)
         self._boxed_call = True  # AOTAutograd: __call__ takes the boxed list (kept by wraps)
+        _describe(name, gm, lines or {})
         if name in _defined:  # the same graph again (a reset, another model instance)
             self.op = _defined[name]
             return

@@ -9,6 +9,7 @@ walking the stack costs about a microsecond.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -54,6 +55,18 @@ def _first_user_frame(frame) -> tuple[str, int, str] | None:
             return code.co_filename, frame.f_lineno, code.co_name
         frame = frame.f_back
     return None
+
+
+_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+
+
+def from_traceback(text: str | None) -> tuple[str, int, str] | None:
+    """The innermost frame of a formatted traceback (an FX node's `stack_trace`)."""
+    frames = list(_FRAME.finditer(text or ""))
+    if not frames:
+        return None
+    last = frames[-1]
+    return last["path"], int(last["line"]), last["function"]
 
 
 def text(site: tuple[str, int, str] | None, full: bool = False) -> str:

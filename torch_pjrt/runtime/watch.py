@@ -10,6 +10,7 @@ reads these records; torch_pjrt.counters holds the counts they agree with.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections import Counter
@@ -53,12 +54,20 @@ def _update_op_sites() -> None:
         _op_sites_hook(op_sites)
 
 
+verbose = False  # TORCH_PJRT_VERBOSE: each compile and CPU fallback on stderr
+
+
 def configure() -> None:
-    """Read TORCH_PJRT_METRICS (at initialization)."""
-    global notes, loud
+    """Read TORCH_PJRT_METRICS and TORCH_PJRT_VERBOSE (at import)."""
+    global notes, loud, verbose
     value = _env.get("TORCH_PJRT_METRICS").strip().lower()
     notes = value not in ("0", "off", "false", "no")
     loud = value in ("1", "on", "true", "yes", "exit")
+    verbose = _env.flag("TORCH_PJRT_VERBOSE")
+
+
+def _log(text: str) -> None:
+    print(f"torch_pjrt: {text}", file=sys.stderr, flush=True)
 
 
 def site():
@@ -117,6 +126,23 @@ def describe(digest: str, kind: str, title: str, ops: list) -> Program:
     return p
 
 
+_op_descriptions: dict[str, tuple[str, str, list]] = {}  # op name -> (kind, title, ops)
+
+
+def describe_op(op: str, kind: str, title: str, ops: list) -> None:
+    """What the programs of an op hold, for an op that is a whole graph (torch.compile's
+    graphs are ops): its entries' programs are described with this."""
+    _op_descriptions[op] = (kind, title, list(ops))
+
+
+def describe_entry(digest: str, op: str, signature: str) -> Program:
+    """The program of one signature of an op (strict mode, or a torch.compile graph)."""
+    found = _op_descriptions.get(op)
+    if found is not None:
+        return describe(digest, *found)
+    return describe(digest, "op", signature, [(op, signature, None)])
+
+
 def program(digest: str) -> Program:
     """The record of a program (one that nobody described is an op of unknown kind)."""
     p = _programs.get(digest)
@@ -148,6 +174,9 @@ def compiled(digest: str, source: str, seconds: float) -> Program:
         p.site = site()
     _compile_steps.append(_steps)
     last_compile = (digest, source)
+    if verbose:
+        how = "loaded from the disk cache" if source == "disk" else "compiled"
+        _log(f"{how} {p.name} ({p.title}) in {seconds:.2f} s, at {_sites.text(site())}")
     return p
 
 
@@ -199,7 +228,10 @@ def synced(what: str, where=None) -> None:
 
 
 def fell_back(op: str) -> None:
-    _fallbacks[(op, site())] += 1
+    where = site()
+    _fallbacks[(op, where)] += 1
+    if verbose:
+        _log(f"{op} ran on the CPU (no lowering), at {_sites.text(where)}")
 
 
 def syncs() -> Counter:
