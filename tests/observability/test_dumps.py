@@ -69,3 +69,4 @@ def test_programs_from_the_disk_cache_are_dumped_too(dump_dir):
     stem = dump_dir / program.name
     _parse_stablehlo((stem.parent / f"{program.name}.stablehlo.mlir").read_text())
     assert (stem.parent / f"{program.name}.hlo.txt").read_text().startswith("HloModule")
+
