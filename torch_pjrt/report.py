@@ -137,7 +137,10 @@ def _recompiles(watch) -> list[str]:
     groups: dict[str, list] = {}
     for r in noted:
         groups.setdefault(r.what, []).append(r)
-    out = [f"recompiles: {len(noted) + dropped} (the same code compiled for other inputs)"]
+    ops = sum(r.kind == "op" for r in noted)
+    out = [f"recompiles (the same code compiled for other inputs): "
+           f"{len(noted) + dropped - ops} of graphs"
+           + (f", {ops} of single ops (strict mode, or a graph of one op)" if ops else "")]
     rows = []
     for what, rs in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:_SHOWN]:
         last = rs[-1]

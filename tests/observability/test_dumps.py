@@ -70,3 +70,20 @@ def test_programs_from_the_disk_cache_are_dumped_too(dump_dir):
     _parse_stablehlo((stem.parent / f"{program.name}.stablehlo.mlir").read_text())
     assert (stem.parent / f"{program.name}.hlo.txt").read_text().startswith("HloModule")
 
+
+
+def test_compiled_graph_map_names_fx_nodes_and_their_lines(dump_dir):
+    def f(x):
+        y = x.sin() * 2  # the traced line
+        return y.sum()
+
+    torch._dynamo.reset()
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        torch.compile(f, backend="pjrt")(torch.randn(6, 4).to("pjrt")).item()
+    maps = [json.loads(p.read_text()) for p in dump_dir.glob("*.map.json")]
+    (mapping,) = [m for m in maps if m["kind"] == "compiled"]
+    assert mapping["name"].startswith("compiled-")
+    nodes = {o["op"]: o for o in mapping["ops"]}
+    assert nodes["sin"]["detail"] == "aten.sin.default"
+    line = next(i for i, text in enumerate(open(__file__), 1) if "# the traced line" in text)
+    assert nodes["sin"]["site"].split(" ")[0].endswith(f"{HERE}:{line}")

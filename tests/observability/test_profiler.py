@@ -117,6 +117,33 @@ def test_chrome_trace_has_a_device_track(tmp_path):
     assert "pjrt flush: data read" in host and "pjrt sync: copy to host" in host
 
 
+def test_strict_mode_ops_are_programs_with_their_line(tmp_path):
+    x = torch.randn(4, 6).to("pjrt")
+    with torch_pjrt.set_eager_mode("strict"):
+        with profile(activities=DEVICE_ACTIVITIES) as prof:
+            y = torch.sin(x)  # a strict op
+            y.add_(1).sum().item()
+    kernels = [e for e in _trace(prof, tmp_path) if e.get("cat") == "kernel"]
+    assert len(kernels) == 3 and all(e["dur"] > 0 for e in kernels)  # sin, add_, sum
+    (sin,) = [e for e in kernels if e["args"]["ops"] == "aten.sin.default"]
+    assert sin["name"].startswith("op-") and sin["name"].endswith(" aten.sin.default")
+    line = next(i for i, text in enumerate(open(__file__), 1) if "# a strict op" in text)
+    assert f"test_profiler.py:{line}" in sin["args"]["sites"]
+
+
+def test_compiled_graphs_are_programs():
+    def f(x):
+        return (x.sin() * 2).sum()
+
+    compiled = torch.compile(f, backend="pjrt")
+    x = torch.randn(5, 3).to("pjrt")
+    compiled(x)
+    with profile(activities=DEVICE_ACTIVITIES) as prof:
+        compiled(x).item()
+    (program,) = [e for e in _device_events(prof) if e.name.startswith("compiled-")]
+    assert program.device_time_total > 0
+
+
 def test_record_function_ranges_get_the_device_time_of_their_programs():
     x = torch.randn(5, 5).to("pjrt")
     with profile(activities=DEVICE_ACTIVITIES) as prof:

@@ -61,9 +61,20 @@ def test_shape_change_each_step_reports_the_recompile_reason():
     verdict = next(r for r in text.splitlines() if r.startswith("steady state:"))
     assert verdict.startswith("steady state: recompiling every step: a fused graph of")
     assert "float32[6, " in verdict and "-> " in verdict and "float32[7, " in verdict
-    noted, _ = watch.recompiles()
+    noted = [r for r in watch.recompiles()[0] if r.kind != "op"]
     assert len(noted) == torch_pjrt.metrics()["recompiles"] == 8  # forward and backward, 4x
     assert any(r.site is not None and r.site[0].endswith(HERE) for r in noted)
+
+
+def test_strict_mode_notes_ops_compiled_for_new_shapes():
+    with torch_pjrt.set_eager_mode("strict"):
+        for n in (3, 4, 5):
+            torch.randn(n, 19).to("pjrt").cos()  # an op with new shapes
+    noted = [r for r in watch.recompiles()[0] if r.kind == "op"]
+    (cos,) = [r for r in noted if r.what == "aten.cos.default"][-1:]
+    assert cos.reason == "input 0: float32[4, 19] -> float32[5, 19]"
+    assert "of single ops (strict mode" in torch_pjrt.metrics.report()
+    assert torch_pjrt.metrics().get("recompiles", 0) == 0  # counted: graphs only
 
 
 def test_report_numbers_agree_with_metrics():

@@ -389,8 +389,14 @@ def _run_alone(node: Node, records: list, superseded: dict) -> bool:
     launcher = entry.fn
     miss = launcher.compiled is None
     start = time.perf_counter() if miss else 0.0
+    dyn = [device_scalar(v, entry.device) for v in node.dyn]
     try:
-        results = launcher.launch(inputs, [device_scalar(v, entry.device) for v in node.dyn])
+        if watch.profiling:
+            results = device_trace.launch(
+                launcher.launch, entry.digest, entry.device, [inputs, dyn],
+                inputs[:len(entry.donate)], [(entry.name, watch.node_sites.get(id(node)))])
+        else:
+            results = launcher.launch(inputs, dyn)
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"pjrt: a fused graph of 1 op failed on the device (op: "
                            f"{entry.name}): {e}") from e

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import runtime
 from ..lowering import checks
+from ..runtime import device_trace, sites, watch
 from ..storage import table
 from . import debug, graph, modes
 from .call_key import Call
@@ -36,7 +37,7 @@ def run_strict(spec: OpSpec, entry: Entry, hit: tuple, args: tuple):
         graph.flush("strict op")
         hit = (*hit[:4], tuple(r.value for r in hit[1]))
     call = entry.call
-    if call is None:
+    if call is None or watch.profiling:
         return run(spec, entry, hit[1], hit[2], hit[3], args)
     try:
         if hit[2]:
@@ -76,7 +77,10 @@ def run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
         if dyn:
             dyn = [device_scalar(v, device) for v in dyn]
         try:
-            results = entry.fn(recs, dyn)
+            if watch.profiling:
+                results = _traced(entry, recs, dyn, device)
+            else:
+                results = entry.fn(recs, dyn)
         except Exception as e:  # noqa: BLE001 - XLA runtime errors become PyTorch's
             raise runtime_error(spec, e) from e
         if entry.checks is not None:
@@ -92,6 +96,14 @@ def run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
         if reason is not None:
             graph.flush(reason)
     return out
+
+
+def _traced(entry: Entry, recs: list, dyn: list, device: int):
+    """entry.fn(recs, dyn) as a program run of the profile recording: a strict op with the
+    line of user code it was called at, or a torch.compile graph with its nodes."""
+    ops = None if entry.alone else [(entry.name, sites.user_site())]
+    return device_trace.launch(entry.fn, entry.digest, device, [recs, dyn],
+                               [recs[b].value for b in entry.donate], ops)
 
 
 def outputs(spec: OpSpec, entry: Entry, recs: list, device: int, values, results):

@@ -9,9 +9,9 @@ from typing import Any
 import jax
 
 from ..lowering import apply
-from ..runtime import client, compile_cache, cpu_kernels
+from ..runtime import client, compile_cache, cpu_kernels, watch
 from ..storage import dtypes, table
-from . import opspec
+from . import opspec, recompiles
 from .call_key import Call, signature_text, tensor_parts
 from .meta import flat_tensors, fresh_outputs, run_meta
 from .opspec import OPT_TENSOR_LIST, TENSOR, TENSOR_LIST
@@ -187,6 +187,9 @@ class _Launcher:
         """The program on the buffers already in its argument order (Entry.order)."""
         if self.compiled is None:
             entry = self.entry
+            watch.describe_entry(entry.digest, entry.name, entry.signature)
+            if not entry.alone:  # (a torch.compile graph notes its own recompiles)
+                recompiles.note_op(entry.name, entry.signature)
             self.compiled = compile_cache.compile(
                 self.jitted, (*args, *dyn), entry.digest, entry.device,
                 get_side=lambda: entry.checks, set_side=entry.set_checks, drop=self.drop)

@@ -7,6 +7,7 @@ distinct signatures of one program this says which input changed, and how.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 from .. import counters
@@ -40,7 +41,7 @@ def note(code, signature: tuple, name: str, kind: str, unit: str = "input",
     if len(seen) > 1:
         counters.count("recompiles")
         counters.count(f"recompiles.{kind}")
-        watch.recompiled(name, describe(previous, signature, unit))
+        watch.recompiled(name, describe(previous, signature, unit), kind=kind)
     if len(seen) > LIMIT and code not in _warned:
         _warned.add(code)
         warnings.warn(
@@ -48,3 +49,18 @@ def note(code, signature: tuple, name: str, kind: str, unit: str = "input",
             f"change was {describe(previous, signature, unit)}. " + (advice or (
                 "Each new shape compiles a new program: pad inputs to a few fixed sizes to "
                 "avoid recompiling.")), stacklevel=3)
+
+
+_op_signatures: dict[str, str] = {}  # op -> the signature it last compiled for
+_INPUT = re.compile(r"\w+\[[^\]]*\]")  # 'float32[8, 3]' in 'aten.add.Tensor(float32[8, 3])'
+
+
+def note_op(op: str, signature: str) -> None:
+    """An op's program compiles (strict mode) for `signature`; one that compiled before
+    for another is noted for the report, not counted or warned about: a model calls one
+    op with many shapes, which is no reason to change it."""
+    previous = _op_signatures.get(op)
+    _op_signatures[op] = signature
+    if previous is not None and previous != signature:
+        old, new = tuple(_INPUT.findall(previous)), tuple(_INPUT.findall(signature))
+        watch.recompiled(op, describe(old, new), kind="op")

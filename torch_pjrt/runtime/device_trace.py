@@ -89,14 +89,17 @@ def compiled(program: watch.Program, start: int, source: str) -> None:
     _compiled_end = now()
 
 
-def launch(fn, digest: str, device: int, args: list, donated: list, ops: list):
+def launch(fn, digest: str, device: int, args: list, donated: list, ops: list | None):
     """fn(*args), the launch of program `digest` (which may compile it first), as a device
-    activity; `ops`: (op, its line of user code) of each op it computes, in this run."""
+    activity; `ops`: (op, its line of user code) of each op it computes, in this run (None:
+    as the program's description says)."""
     before_donation(donated)
     compiles = _compiles
     launched = now()
     results = fn(*args)
     program = watch.program(digest)
+    if ops is None:
+        ops = [(op, site) for op, _, site in program.ops]
     cache = "memory"
     if _compiles != compiles:  # compiled first: the program ran after that
         launched = _compiled_end

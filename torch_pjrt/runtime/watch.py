@@ -187,17 +187,18 @@ class Recompile:
     reason: str  # which input of which op or graph changed, and how
     step: int
     site: tuple | None
+    kind: str  # "fused" or "compiled" graph (counted in metrics()), or "op" (strict mode)
 
 
 _recompiles: list[Recompile] = []
 _RECOMPILES_KEPT = 1000  # the first ones are kept, and the count of the rest
 
 
-def recompiled(what: str, reason: str) -> None:
+def recompiled(what: str, reason: str, kind: str) -> None:
     """The same code compiled again for other inputs (eager.recompiles tells why)."""
     global _recompiles_dropped
     if len(_recompiles) < _RECOMPILES_KEPT:
-        _recompiles.append(Recompile(what, reason, _steps, site()))
+        _recompiles.append(Recompile(what, reason, _steps, site(), kind))
     else:
         _recompiles_dropped += 1
     _recompile_steps.append(_steps)
