@@ -77,6 +77,22 @@ def test_strict_mode_notes_ops_compiled_for_new_shapes():
     assert torch_pjrt.metrics().get("recompiles", 0) == 0  # counted: graphs only
 
 
+def test_metrics_1_warns_once_about_a_loop_recompiling_every_step(monkeypatch):
+    monkeypatch.setattr(watch, "loud", True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2).to("pjrt")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(7):
+            loss = model(torch.randn(20 + step, 5).to("pjrt")).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    said = [w for w in caught if "recompiles in every step" in str(w.message)]
+    assert len(said) == 1 and "float32[" in str(said[0].message)
+
+
 def test_report_numbers_agree_with_metrics():
     model, opt = _model()
     x = torch.randn(11, 8).to("pjrt")  # shapes no other test compiles

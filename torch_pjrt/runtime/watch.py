@@ -22,6 +22,7 @@ from . import sites as _sites
 # ---------------------------------------------------------------- the switches
 notes = True  # note the user's line at syncs, compiles and fallbacks (TORCH_PJRT_METRICS!=0)
 loud = False  # TORCH_PJRT_METRICS=1: the report at exit, warnings for per-step syncs
+verbose = False  # TORCH_PJRT_VERBOSE: each compile and CPU fallback on stderr
 profiling = False  # a torch.profiler session with the pjrt activity is recording
 dumping = False  # TORCH_PJRT_DUMP_DIR is set
 op_sites = False  # note each recorded op's line (profiling or dumping)
@@ -52,9 +53,6 @@ def _update_op_sites() -> None:
     op_sites = profiling or dumping
     if _op_sites_hook is not None:
         _op_sites_hook(op_sites)
-
-
-verbose = False  # TORCH_PJRT_VERBOSE: each compile and CPU fallback on stderr
 
 
 def configure() -> None:
@@ -220,9 +218,9 @@ _warned_sites: set = set()
 _STEPS_TO_WARN = 5  # a site syncing in this many consecutive steps is warned about
 
 
-def synced(what: str, where=None) -> None:
+def synced(what: str) -> None:
     """The host waited for the device (`what`: 'copy to host', 'synchronize', ...)."""
-    where = where if where is not None else site()
+    where = site()
     _syncs[(what, where)] += 1
     if loud and where is not None:
         _note_step_site(where, what)
@@ -270,7 +268,7 @@ def stepped() -> None:
     """An optimizer step ended (what the report's steady-state verdict counts in)."""
     global _steps
     _steps += 1
-    if loud and len(_recompile_steps) >= _STEPS_TO_WARN:
+    if loud and _recompile_steps and _recompile_steps[-1] == _steps - 1:
         _warn_recompiling()
 
 
@@ -292,9 +290,9 @@ _warned_recompiling = False
 def _warn_recompiling() -> None:
     """Once: recompiles in each of the last few steps."""
     global _warned_recompiling
-    recent = set(_recompile_steps[-_STEPS_TO_WARN:])
-    if _warned_recompiling or len(recent) < _STEPS_TO_WARN or \
-            min(recent) < _steps - _STEPS_TO_WARN:
+    window = range(_steps - _STEPS_TO_WARN, _steps)
+    recent = {s for s in reversed(_recompile_steps[-1000:]) if s in window}
+    if _warned_recompiling or len(recent) < _STEPS_TO_WARN:
         return
     _warned_recompiling = True
     last = _recompiles[-1] if _recompiles else None
