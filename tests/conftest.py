@@ -28,10 +28,19 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     """Each test starts from seed 0 and zeroed metrics (tests assert on fallback and
-    compile counts, which must not carry over from earlier tests in the process)."""
+    compile counts, which must not carry over from earlier tests in the process), and
+    leaves the eager mode as it found it."""
+    from torch_pjrt.eager import modes
+
     torch.manual_seed(0)
     torch_pjrt.counters.reset()
+    mode = modes.get()
     yield
+    if modes.get() != mode:  # a later test in this worker would run in the wrong mode
+        left = modes.get()
+        modes._apply(mode)
+        pytest.fail(f"the test left the eager mode {left!r} (was {mode!r}): "
+                    "use `with torch_pjrt.set_eager_mode(...)`")
 
 
 @pytest.fixture(params=["strict", "fused", "debug"])

@@ -180,3 +180,34 @@ def test_a_process_lets_go_of_its_oldest_programs_past_the_limit(monkeypatch, mo
                 want = float((torch.arange(k % 6 + 1.0) * (k + 2) + 1.5 * rounds).sum())
                 assert got == want
     assert metrics().get("programs_let_go", 0) > before
+
+
+UNREAD = """
+import torch, torch_pjrt
+torch_pjrt.set_eager_mode("fused")
+x = torch.arange(4.0, device="pjrt")
+for alone in (True, False):
+    if not alone:
+        y = x * 2  # read below: the checked op is one of a graph of several
+    x[torch.tensor([7], device="pjrt")]  # nothing reads the result
+    try:
+        torch.pjrt.synchronize()
+        raise SystemExit(f"no IndexError (alone={alone})")
+    except IndexError:
+        pass
+    if not alone:
+        assert y.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+print("hits", torch_pjrt.metrics().get("disk_cache_hits", 0))
+"""
+
+
+def test_a_warm_process_still_checks_results_nobody_reads(tmp_path):
+    """Fused eager keeps an op that checks data when nothing reads its result. A warm
+    process, which traces nothing, learns that from the note of traced ops (it dropped the
+    out-of-range index, silently, when only tracing told it)."""
+    env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path)}
+    for run in ("cold", "warm"):
+        out = subprocess.run([sys.executable, "-c", UNREAD], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, (run, out.stderr[-2000:])
+    assert _counts(out.stdout)["hits"] > 0

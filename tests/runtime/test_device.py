@@ -65,16 +65,16 @@ def test_set_device_and_device_context():
 def test_execution_is_asynchronous_and_synchronize_waits():
     import time
 
-    torch_pjrt.set_eager_mode("strict")
-    x = torch.randn(1024, 1024, device="pjrt")
-    torch.pjrt.synchronize()
-    x @ x  # warm the executable cache
-    torch.pjrt.synchronize()
-    start = time.perf_counter()
-    ys = [x @ x for _ in range(8)]
-    launched = time.perf_counter() - start
-    torch.accelerator.synchronize()
-    finished = time.perf_counter() - start
+    with torch_pjrt.set_eager_mode("strict"):
+        x = torch.randn(1024, 1024, device="pjrt")
+        torch.pjrt.synchronize()
+        x @ x  # warm the executable cache
+        torch.pjrt.synchronize()
+        start = time.perf_counter()
+        ys = [x @ x for _ in range(8)]
+        launched = time.perf_counter() - start
+        torch.accelerator.synchronize()
+        finished = time.perf_counter() - start
     assert launched < finished / 2, (launched, finished)
     assert all(y.device.type == "pjrt" for y in ys)
 

@@ -274,7 +274,7 @@ def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) 
     for rec in records:
         live[rec.value.node.position] = True
     for node in reversed(nodes):
-        if not live[node.position] and not node.entry.checks:
+        if not live[node.position] and not node.entry.checked:
             continue
         live[node.position] = True
         for v in node.inputs:

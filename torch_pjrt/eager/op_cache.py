@@ -22,9 +22,9 @@ class Entry:
     """A compiled op for one input signature."""
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
-                 "targets", "written", "donate", "resize", "checks", "name", "digest", "device",
-                 "signature", "values", "random", "call", "ordered", "alias_return", "products",
-                 "jaxpr", "alone")
+                 "targets", "written", "donate", "resize", "checks", "checked", "name",
+                 "digest", "device", "signature", "values", "random", "call", "ordered",
+                 "alias_return", "products", "jaxpr", "alone")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -52,6 +52,9 @@ class Entry:
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
         self.checks: list[tuple] | None = None  # (error, message) of device-side checks
+        # Its program checks data, known before it is traced or loaded (warm_start's note):
+        # fused eager keeps such an op where nothing reads its result.
+        self.checked = False
         # What fused graphs evaluate: the traced lowering as a function of its flat
         # inputs (set where fused mode first records the signature; else they trace).
         self.jaxpr = None
@@ -62,6 +65,7 @@ class Entry:
     def set_checks(self, checks: list | None) -> None:
         """Device-side checks of a program loaded from disk (tracing would have found them)."""
         self.checks = checks
+        self.checked = checks is not None
 
 
 cache: dict[tuple, Entry] = {}

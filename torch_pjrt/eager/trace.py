@@ -41,6 +41,7 @@ def trace_now(call: Call, entry: Entry) -> None:
     for a signature that has traced before (also in an earlier process): a warm start
     loads its graphs from disk and traces nothing."""
     if warm_start.traced_before(entry.digest):
+        entry.checked = warm_start.checks_data(entry.digest)
         return
     args = [_aval(call.recs[i].value) for i in entry.order]
     dyn = list(call.dyn) + ([np.uint64(0), np.uint64(0)] if entry.random else [])
@@ -48,7 +49,7 @@ def trace_now(call: Call, entry: Entry) -> None:
         entry.jaxpr = jaxpr_as_fun(jax.make_jaxpr(entry.trace)(*args, *dyn))
     except Exception as e:  # noqa: BLE001 - the lowering's errors become PyTorch's
         raise runtime_error(call.spec, e) from e
-    warm_start.note_traced(entry.digest)
+    warm_start.note_traced(entry.digest, entry.checked)
 
 
 def _aval(value):
@@ -125,6 +126,7 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
         with checks.CheckCollector() as collected:
             results = apply.invoke(spec, values, compute, meta_structs, rng)
         entry.checks = [(err, msg) for _, err, msg in collected.checks] or None
+        entry.checked = entry.checks is not None
 
         target_vals = results[:n_targets] if spec.mutated else []
         fresh_vals = results[n_targets:] if spec.mutated else results

@@ -1,10 +1,13 @@
 """What a process learns from the ones before it, beside their programs: a warm start.
 
 `traced` (next to the compile cache's entries): digests of op signatures that traced
-without error, one a line. Fused eager traces a new signature where the op is recorded
-(so that its errors are the op's); a warm process skips what an earlier one traced
-cleanly. Appended by every process; a line that is not a digest (a torn write, a bad
-block) makes the note damaged: it is rewritten with its good lines, with one warning.
+without error, one a line, followed by ` c` where the op's program checks its data (an
+index in range, a target class: fused eager must keep such an op when nothing reads its
+result, and a warm process, which does not trace, learns it here). Fused eager traces a
+new signature where the op is recorded (so that its errors are the op's); a warm process
+skips what an earlier one traced cleanly. Appended by every process; a line that is not
+a digest (a torn write, a bad block) makes the note damaged: it is rewritten with its good
+lines, with one warning.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from . import cache_files, compile_cache
 
 _TRACED_FILE = "traced"
 _TRACED_MAX_BYTES = 8 << 20  # past this the file starts over (only re-tracing is lost)
-_DIGEST = re.compile(rb"[0-9a-f]{64}")  # compile_cache.digest()
+_LINE = re.compile(rb"([0-9a-f]{64})( c)?")  # compile_cache.digest(), checks data
 
-_traced: set[str] | None = None
+_traced: dict[str, bool] | None = None  # digest -> whether its program checks data
 
 
 def _file(name: str) -> str:
@@ -30,36 +33,47 @@ def traced_before(name: str) -> bool:
     the disk cache on) in an earlier one with the same sources and versions."""
     global _traced
     if _traced is None:
-        _traced = _read_note() if compile_cache.enabled() else set()
+        _traced = _read_note() if compile_cache.enabled() else {}
     return name in _traced
 
 
-def _read_note() -> set[str]:
+def checks_data(name: str) -> bool:
+    """Whether the op program `name`, traced before, checks its data on the device."""
+    return traced_before(name) and _traced[name]
+
+
+def _read_note() -> dict[str, bool]:
     path = _file(_TRACED_FILE)
     data = cache_files.read(path, compile_cache.root(), "note of traced ops", "traced_note")
     if data is None:
-        return set()
+        return {}
     lines = data.split(b"\n")
     lines.pop()  # after the last newline: nothing, or a line another process writes now
-    good = [line for line in lines if _DIGEST.fullmatch(line)]
+    good = [line for line in lines if _LINE.fullmatch(line)]
     if len(good) < len(lines):
-        bad = next(line for line in lines if not _DIGEST.fullmatch(line))
+        bad = next(line for line in lines if not _LINE.fullmatch(line))
         cache_files.damaged(path, "note of traced ops", "traced_note",
                             f"{len(lines) - len(good)} of {len(lines)} lines are not digests, "
                             f"e.g. {bad[:80]!r}", keep=True)
         names = sorted(set(good))
         cache_files.replace(path, compile_cache.root(), b"".join(n + b"\n" for n in names))
-    return {line.decode() for line in good}
+    found: dict[str, bool] = {}
+    for line in good:
+        digest, checked = _LINE.fullmatch(line).groups()
+        found[digest.decode()] = found.get(digest.decode(), False) or checked is not None
+    return found
 
 
-def note_traced(name: str) -> None:
-    """Record that `name` traced without error (appended: several processes may write)."""
+def note_traced(name: str, checks_data: bool) -> None:
+    """Record that `name` traced without error, and whether its program checks data
+    (appended: several processes may write)."""
     if traced_before(name):
         return
-    _traced.add(name)
+    _traced[name] = checks_data
     if not compile_cache.enabled():
         return
-    cache_files.append(_file(_TRACED_FILE), compile_cache.root(), (name + "\n").encode(),
+    line = name + (" c" if checks_data else "") + "\n"
+    cache_files.append(_file(_TRACED_FILE), compile_cache.root(), line.encode(),
                        _TRACED_MAX_BYTES)
 
 
