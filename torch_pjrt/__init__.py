@@ -15,7 +15,7 @@ from .report import metrics  # noqa: E402
 
 # What ensure_initialized() runs once PJRT has started, bottom layer first (the runtime
 # imports no layer above it; each one adds its own start here).
-for _step in (eager.start, optim_step.install, compile.start, kernels.install_pending):
+for _step in (eager.start, optim_step.install, compile.start):
     on_initialize(_step)
 
 __all__ = ["DEVICE_TYPE", "ensure_initialized", "get_eager_mode", "kernels", "metrics",

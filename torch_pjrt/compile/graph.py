@@ -32,7 +32,7 @@ from ..eager import opspec, recompiles
 from ..lowering import apply, registry
 from ..runtime import watch
 from ..storage import dtypes, table, views
-from . import buckets
+from . import auto_functionalized, buckets
 
 _lib = torch.library.Library("pjrt_graphs", "DEF")
 _defined: dict[str, Any] = {}  # fingerprint -> the operator defined for it
@@ -179,9 +179,14 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
     """(fn, random, products): a JAX function of the graph's inputs computing (mutated
     inputs..., outputs...), with a bucketing plan at bucket sizes, masking where the plan
     says; whether it takes an RNG key; whether it computes matrix products."""
-    plans: dict[torch.fx.Node, _NodePlan] = {}
+    plans: dict[torch.fx.Node, _NodePlan | auto_functionalized.Plan] = {}
     for i, node in enumerate(gm.graph.nodes):
-        if node.op == "call_function" and node.target is not operator.getitem \
+        if auto_functionalized.is_node(node):  # a custom op that mutates its inputs
+            try:
+                plans[node] = auto_functionalized.Plan(node, i)
+            except NotImplementedError as e:
+                raise Unsupported(str(e)) from None
+        elif node.op == "call_function" and node.target is not operator.getitem \
                 and node.target not in _SIZE_OPS and node.target not in _SIZE_QUERIES:
             plans[node] = _NodePlan(node, i)
     random = any(p.spec.lowering.random for p in plans.values())
@@ -218,6 +223,10 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
                 env[node] = _SIZE_QUERIES[target](*(value(a) for a in node.args))
                 continue
             plan = plans[node]
+            if type(plan) is auto_functionalized.Plan:
+                rng = jax.random.fold_in(key, plan.index) if plan.spec.lowering.random else None
+                env[node] = plan.run(value, rng)
+                continue
             args = tuple(value(a) for a in node.args)
             kwargs = {k: value(v) for k, v in node.kwargs.items()}
             values = opspec.normalize(plan.spec, args, kwargs)
@@ -304,6 +313,8 @@ def _bucketing(gm: torch.fx.GraphModule, placeholders: list, metas: list,
     symbols = _shape_symbols(metas)
     if not steps or not symbols:
         return None
+    if any(auto_functionalized.is_node(n) for n in gm.graph.nodes):
+        return None  # not classified for buckets (and run eagerly at symbolic sizes)
     try:
         plan = buckets.analyze(gm, placeholders, symbols, skip=_is_size_node)
         for i in mutations:
