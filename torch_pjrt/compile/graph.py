@@ -29,7 +29,7 @@ import torch.fx
 
 from .. import counters
 from ..eager import opspec, recompiles
-from ..lowering import apply, registry
+from ..lowering import apply, checks, registry
 from ..runtime import watch
 from ..storage import dtypes, table, views
 from . import auto_functionalized, buckets
@@ -237,7 +237,8 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
             if structs is None:
                 structs = [_struct(m, bindings) for m in plan.out_metas]
             rng = jax.random.fold_in(key, plan.index) if plan.spec.lowering.random else None
-            arrays = iter(apply.invoke(plan.spec, values, plan.compute, structs, rng))
+            with checks.op_scope(str(plan.spec.op)):  # device-side errors name the node
+                arrays = iter(apply.invoke(plan.spec, values, plan.compute, structs, rng))
             results = []
             for m, st in zip(plan.out_metas, structs):
                 if isinstance(m, (int, float, torch.SymInt, torch.SymFloat)):

@@ -51,7 +51,7 @@ class Entry:
         self.written: tuple[int, ...] = ()  # storage buffers the program returns, in order
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
-        self.checks: list[tuple] | None = None  # (error, message) of device-side checks
+        self.checks: list[tuple] | None = None  # (error, message, op, kinds) of device checks
         # Its program checks data, known before it is traced or loaded (warm_start's note):
         # fused eager keeps such an op where nothing reads its result.
         self.checked = False

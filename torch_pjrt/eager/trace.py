@@ -125,7 +125,7 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             rng = jax.random.fold_in(jax.random.key(seed), offset)
         with checks.CheckCollector() as collected:
             results = apply.invoke(spec, values, compute, meta_structs, rng)
-        entry.checks = [(err, msg) for _, err, msg in collected.checks] or None
+        entry.checks = collected.infos()
         entry.checked = entry.checks is not None
 
         target_vals = results[:n_targets] if spec.mutated else []
@@ -145,7 +145,7 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             val = _resolve_flags(apply.broadcast_cast(val, shape, dtypes.to_jax(dtype)),
                                  view_flags)  # an involution: stored as the view reads it
             new_bufs[buf] = views.write(new_bufs.get(buf, bufs[buf]), val, shape, stride, offset)
-        flags = (jnp.stack([bad for bad, _, _ in collected.checks]),) if entry.checks else ()
+        flags = (collected.flags(),) if entry.checks else ()
         return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
 
     return trace

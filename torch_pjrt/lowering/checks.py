@@ -1,24 +1,32 @@
-"""Device-side checks: errors that depend on data (an index out of range).
+"""Device-side checks: errors that depend on data (an index out of range, a bad target).
 
-A lowering calls `require(ok, error, message)` while it is traced; the program
-then also returns "is anything wrong" as a boolean. The executor queues it and
-the check is read at the next synchronization point (.item(), .cpu(),
-synchronize(), or right away in debug mode) and raised as PyTorch's error,
-as CUDA reports a device-side assert at the next sync.
+A lowering calls `require(ok, error, message, *values)` while it is traced; the
+program then also returns, per check, whether it failed and the values at the
+first failure (for messages that name them, as PyTorch's do). The executor queues these flags
+and they are read at the next synchronization point (.item(), .cpu(),
+synchronize(), or right after the op in debug mode) and raised as PyTorch's
+error, naming the op, as CUDA reports a device-side assert at the next sync.
+Inside a torch.compile graph the op is the graph's node (`op_scope`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import jax.numpy as jnp
+from jax import lax
 
 _tracing: list | None = None  # the checks of the program being traced
+_op: str | None = None  # the op being traced inside a larger program (a compiled graph)
 
 
 class CheckCollector:
     """Collects the checks of one trace (a context manager used by the executor)."""
 
     def __init__(self):
-        self.checks: list[tuple] = []  # (bad: traced bool, exception type, message)
+        # (bad: traced bool, values: [traced int64], kinds, exception type, message, op)
+        self.checks: list[tuple] = []
 
     def __enter__(self):
         global _tracing
@@ -31,23 +39,93 @@ class CheckCollector:
         _tracing = self._prev
         return False
 
+    def infos(self) -> list[tuple] | None:
+        """(exception type, message, op or None, kinds of its values) of each check, or None
+        without checks: what the executor keeps next to the program (and on disk with it)."""
+        return [(error, message, op, kinds)
+                for _, _, kinds, error, message, op in self.checks] or None
 
-def require(ok, error: type[Exception], message: str) -> None:
-    """Record that `ok` (a traced bool array) must hold, else raise `error(message)`."""
+    def flags(self):
+        """The program's extra output: an int64 array, a row (failed, values...) per check."""
+        width = 1 + max(len(values) for _, values, _, _, _, _ in self.checks)
+        rows = []
+        for bad, values, _, _, _, _ in self.checks:
+            row = [bad.astype(jnp.int64), *values]
+            rows.append(jnp.stack(row + [jnp.zeros((), jnp.int64)] * (width - len(row))))
+        return jnp.stack(rows)
+
+
+@contextlib.contextmanager
+def op_scope(name: str) -> Iterator[None]:
+    """Checks recorded inside name the op `name` (a node of a compiled graph)."""
+    global _op
+    prev, _op = _op, name
+    try:
+        yield
+    finally:
+        _op = prev
+
+
+def require(ok, error: type[Exception], message: str, *values) -> None:
+    """Record that `ok` (a traced bool array) must hold, else raise `error(message)`.
+
+    `message` may contain `{0}`, `{1}`, ...: the element of each of `values` (arrays
+    broadcastable with `ok`, or numbers) at the first position where `ok` fails, written
+    as PyTorch's C++ messages write them (a float to 6 significant digits)."""
     if _tracing is None:
         return
-    _tracing.append((jnp.logical_not(jnp.all(ok)), error, message))
+    ok = jnp.asarray(ok)
+    bad = jnp.logical_not(jnp.all(ok))
+    shown, kinds = [], ""
+    for value in values:
+        value = jnp.asarray(value)
+        floating = jnp.issubdtype(value.dtype, jnp.floating)
+        kinds += "f" if floating else "i"
+        shape = jnp.broadcast_shapes(ok.shape, value.shape)
+        first = jnp.zeros((), value.dtype)
+        if 0 not in shape:
+            flat_ok = jnp.broadcast_to(ok, shape).reshape(-1)
+            first = jnp.broadcast_to(value, shape).reshape(-1)[jnp.argmin(flat_ok)]  # 1st False
+        if floating:  # its float32 bits (float64 is not every device's)
+            first = lax.bitcast_convert_type(first.astype(jnp.float32), jnp.int32)
+        shown.append(first.astype(jnp.int64))
+    _tracing.append((bad, shown, kinds, error, message, _op))
+
+
+_SCALAR_TYPE_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short",
+                      "int32": "Int", "int64": "Long", "float16": "Half", "bfloat16": "BFloat16",
+                      "float32": "Float", "float64": "Double", "complex64": "ComplexFloat",
+                      "complex128": "ComplexDouble"}
+
+
+def type_name(dtype) -> str:
+    """PyTorch's name of a (JAX or torch) dtype in its messages: Float, Long, Byte, ..."""
+    name = str(dtype).removeprefix("torch.")
+    return _SCALAR_TYPE_NAMES.get(name, name)
+
+
+_CPP_TYPE_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char",
+                   "int16": "short int", "int32": "int", "int64": "long int",
+                   "float16": "c10::Half", "bfloat16": "c10::BFloat16", "float32": "float",
+                   "float64": "double", "complex64": "c10::complex<float>",
+                   "complex128": "c10::complex<double>"}
+
+
+def cpp_type_name(dtype) -> str:
+    """The C++ name of a dtype, as the messages that print a tensor's dtype() give it."""
+    name = str(dtype).removeprefix("torch.")
+    return _CPP_TYPE_NAMES.get(name, name)
 
 
 def index_in_range(index, size: int, dim: int):
     """Require -size <= index < size, as PyTorch does; returns the index made non-negative."""
     require((index >= -size) & (index < size), IndexError,
-            f"index out of range for dimension {dim} with size {size}")
+            f"index {{0}} is out of bounds for dimension {dim} with size {size}", index)
     return jnp.where(index < 0, index + size, index)
 
 
 # ---------------------------------------------------------------- pending
-_pending: list[tuple] = []  # (flags: jax.Array of bools, [(error, message)], op name)
+_pending: list[tuple] = []  # (flags: jax.Array (n, 2), [(error, message, op)], op name)
 _MAX_PENDING = 256
 
 
@@ -65,10 +143,21 @@ def raise_pending(limit: int | None = None) -> None:
     n = len(_pending) if limit is None else limit
     batch, _pending[:n] = _pending[:n], []
     for flags, infos, op_name in batch:
-        bad = np.asarray(flags)
-        for failed, (error, message) in zip(bad, infos):
-            if failed:
+        rows = np.asarray(flags)
+        for row, (error, message, op, kinds) in zip(rows, infos):
+            if row[0]:
                 _pending.clear()
-                raise error(f"{message} (in {op_name}; pjrt reports device-side errors at the "
-                            "next synchronization, set TORCH_PJRT_EAGER_MODE=debug to stop at "
-                            "the op)")
+                where = op_name if op is None else f"{op}, in {op_name}"
+                raise error(f"{_format(message, row[1:], kinds)} (in {where}; pjrt reports "
+                            "device-side errors at the next synchronization, set "
+                            "TORCH_PJRT_EAGER_MODE=debug to stop at the op)")
+
+
+def _format(message: str, values, kinds: str) -> str:
+    import numpy as np
+
+    for i, kind in enumerate(kinds):
+        v = int(values[i])
+        text = f"{float(np.int32(v).view(np.float32)):g}" if kind == "f" else str(v)
+        message = message.replace(f"{{{i}}}", text)
+    return message

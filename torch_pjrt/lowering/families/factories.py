@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..checks import require, type_name
 from ..registry import lower
 from ._ops import aten
 
@@ -85,8 +86,11 @@ def _float(dtype):
     return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
 
 
-@lower(aten.uniform_.default, random=True)
+@lower(aten.uniform_.default, aten.uniform.default, random=True)
 def uniform_(x, from_=0.0, to=1.0, *, generator=None, key):
+    require(jnp.asarray(from_) <= jnp.asarray(to), RuntimeError,
+            "uniform_ expects to return a [from, to) range, but found from={0} > to={1}",
+            from_, to)
     dt = _float(x.dtype)
     u = jax.random.uniform(key, x.shape, dtype=jnp.float32 if dt != jnp.float64 else dt)
     return (from_ + u * (to - from_)).astype(x.dtype)
@@ -102,23 +106,33 @@ def normal_(x, mean=0.0, std=1.0, *, generator=None, key):
        random=True)
 def normal(mean, std, *, generator=None, key, meta):
     (out,) = meta
+    require(jnp.asarray(std) >= 0, RuntimeError, "normal expects all elements of std >= 0.0")
     dt = jnp.float64 if out.dtype == jnp.float64 else jnp.float32
     return (mean + std * jax.random.normal(key, out.shape, dt)).astype(out.dtype)
 
 
-@lower(aten.bernoulli_.float, random=True)
+@lower(aten.bernoulli_.float, aten.bernoulli.p, random=True)
 def bernoulli_float_(x, p=0.5, *, generator=None, key):
+    require((jnp.asarray(p) >= 0) & (jnp.asarray(p) <= 1), RuntimeError,
+            "bernoulli_ expects p to be in [0, 1], but got p={0}", p)
     return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
-@lower(aten.bernoulli_.Tensor, random=True)
+def _check_probabilities(p) -> None:
+    require((p >= 0) & (p <= 1), RuntimeError,
+            "Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+
+
+@lower(aten.bernoulli_.Tensor, aten.bernoulli.Tensor, random=True)  # (x's shape, p's values)
 def bernoulli_tensor_(x, p, *, generator=None, key):
+    _check_probabilities(p)
     u = jax.random.uniform(key, x.shape, jnp.float32 if p.dtype != jnp.float64 else p.dtype)
     return (u < jnp.broadcast_to(p, x.shape)).astype(x.dtype)
 
 
 @lower(aten.bernoulli.default, random=True)
 def bernoulli(p, *, generator=None, key):
+    _check_probabilities(p)
     u = jax.random.uniform(key, p.shape, jnp.float32 if p.dtype != jnp.float64 else p.dtype)
     return (u < p).astype(p.dtype)
 
@@ -131,20 +145,29 @@ def _randint(key, shape, low, high, dtype):
             ).astype(dtype)
 
 
-@lower(getattr(aten.random_, "from"), random=True)
+def _check_range(from_, to) -> None:
+    require(jnp.asarray(from_) < jnp.asarray(to), RuntimeError,
+            "random_ expects 'from' to be less than 'to', but got from={0} >= to={1}", from_,
+            to)
+
+
+@lower(getattr(aten.random_, "from"), getattr(aten.random, "from"), random=True)
 def random_from_(x, from_, to=None, *, generator=None, key):
     if to is None:
         info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else None
         to = info.max + 1 if info is not None else 2 ** jnp.finfo(x.dtype).nmant + 1
+    else:
+        _check_range(from_, to)
     return _randint(key, x.shape, from_, to, x.dtype)
 
 
-@lower(aten.random_.to, random=True)
+@lower(aten.random_.to, aten.random.to, random=True)
 def random_to_(x, to, *, generator=None, key):
+    _check_range(0, to)
     return _randint(key, x.shape, 0, to, x.dtype)
 
 
-@lower(aten.random_.default, random=True)
+@lower(aten.random_.default, aten.random.default, random=True)
 def random_(x, *, generator=None, key):
     if x.dtype == jnp.bool_:
         return _randint(key, x.shape, 0, 2, x.dtype)
@@ -164,8 +187,33 @@ def randperm(n, *, generator=None, key, meta):
     return jax.random.permutation(key, out.shape[0]).astype(out.dtype)
 
 
+def _check_distribution(p, num_samples, replacement):
+    """The CPU's checks of multinomial's probabilities, with its messages: one path for a
+    single draw or no replacement, another (per entry) for several draws with replacement."""
+    if not replacement or num_samples == 1:
+        require((jnp.max(p) < jnp.inf) & (jnp.min(p) >= 0), RuntimeError,
+                "probability tensor contains either `inf`, `nan` or element < 0")
+    else:
+        require(p >= 0, RuntimeError,
+                "invalid multinomial distribution (encountering probability entry < 0)")
+        require(jnp.isfinite(p), RuntimeError, "invalid multinomial distribution "
+                "(encountering probability entry = infinity or NaN)")
+    require(jnp.sum(p.astype(jnp.float32), axis=-1) > 0, RuntimeError,
+            "invalid multinomial distribution (sum of probabilities <= 0)")
+
+
 @lower(aten.multinomial.default, random=True)
 def multinomial(p, num_samples, replacement=False, *, generator=None, key, meta):
+    # The CPU kernel's checks of the arguments (PyTorch's meta kernel has fewer).
+    if not jnp.issubdtype(p.dtype, jnp.floating):
+        raise RuntimeError("multinomial only supports floating-point dtypes for input, got: "
+                           f"{type_name(p.dtype)}")
+    if meta[0].dtype != jnp.int64:
+        raise RuntimeError(f"multinomial expects Long tensor out, got: {type_name(meta[0].dtype)}")
+    if not replacement and num_samples > p.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
+                           "replacement")
+    _check_distribution(p, num_samples, replacement)
     logits = jnp.log(p.astype(jnp.float32))
     if replacement:
         keys = jax.random.split(key, num_samples)

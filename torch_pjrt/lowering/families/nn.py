@@ -1,4 +1,8 @@
-"""Neural-network ops: softmax, layer norm, embedding, losses, dropout (forward and backward)."""
+"""Neural-network ops: softmax, layer norm, embedding, losses, dropout (forward and backward).
+
+Token ids and class targets are checked on the device (lowering.checks): one out of
+range raises PyTorch's IndexError at the next synchronization, never a clamped row.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from jax import lax
 
 from ...runtime import client, cpu_kernels
 from ...storage import dtypes
+from ..checks import require
 from ..registry import lower
 from ._ops import aten
 
@@ -89,6 +94,10 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
 @lower(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    rows = weight.shape[0]
+    require((indices >= 0) & (indices < rows), IndexError,
+            f"index out of range in self (embedding: index {{0}}, weight of {rows} rows)",
+            indices)
     return jnp.take(weight, indices, axis=0, mode="clip")
 
 
@@ -97,19 +106,22 @@ _SCATTER_PLATFORMS = ("cpu", "gpu", "cuda", "rocm")
 
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    # As the CPU kernel does, rows outside [0, num_weights) get nothing (the forward has
+    # raised for them): they go to row num_weights, which the scatter drops.
     flat_idx = indices.reshape(-1)
+    flat_idx = jnp.where((flat_idx >= 0) & (flat_idx < num_weights), flat_idx, num_weights)
     g = grad.reshape(-1, grad.shape[-1])
     if padding_idx >= 0:
         g = jnp.where((flat_idx == padding_idx)[:, None], 0, g)
     if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), g.dtype).at[flat_idx].add(1)
-        g = g / counts[flat_idx][:, None]
+        counts = jnp.zeros((num_weights,), g.dtype).at[flat_idx].add(1, mode="drop")
+        g = g / counts[jnp.minimum(flat_idx, num_weights - 1)][:, None]
     # TPUs sum rows fastest as a one-hot product; CPUs and GPUs scatter-add them (XLA:CPU,
     # the GPT bench's 1024 rows of 256 into 512: 0.13 ms scattered, 2.3 ms as a product).
     if client.platform() not in _SCATTER_PLATFORMS and num_weights * flat_idx.shape[0] <= (1 << 26):
         onehot = (flat_idx[None, :] == jnp.arange(num_weights)[:, None]).astype(g.dtype)
         return jnp.matmul(onehot, g, precision=lax.Precision.HIGHEST)
-    return jnp.zeros((num_weights, g.shape[-1]), g.dtype).at[flat_idx].add(g)
+    return jnp.zeros((num_weights, g.shape[-1]), g.dtype).at[flat_idx].add(g, mode="drop")
 
 
 @lower(aten.native_dropout.default, random=True)
@@ -128,6 +140,14 @@ def native_dropout_backward(grad, mask, scale):
     return grad * mask.astype(grad.dtype) * jnp.asarray(scale, grad.dtype)
 
 
+def _check_target(t, ignore_index, classes):
+    """Require each target to be a class or ignore_index; returns the valid mask."""
+    valid = t != ignore_index
+    require(~valid | ((t >= 0) & (t < classes)), IndexError, "Target {0} is out of bounds.",
+            t)
+    return valid
+
+
 def _reduce(loss, reduction, weight_sum=None):
     if reduction == 0:
         return loss
@@ -141,7 +161,7 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     batched = x.ndim == 2
     logp = x if batched else x[None]
     t = target if batched else target[None]
-    valid = t != ignore_index
+    valid = _check_target(t, ignore_index, logp.shape[1])
     safe = jnp.where(valid, t, 0)
     picked = jnp.take_along_axis(logp, safe[:, None], axis=1)[:, 0]
     w = weight[safe] if weight is not None else jnp.ones_like(picked)
@@ -162,7 +182,7 @@ def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_we
     batched = x.ndim == 2
     t = target if batched else target[None]
     n, c = (x.shape if batched else (1, x.shape[0]))
-    valid = t != ignore_index
+    valid = _check_target(t, ignore_index, c)
     safe = jnp.where(valid, t, 0)
     w = weight[safe] if weight is not None else jnp.ones((n,), x.dtype)
     w = jnp.where(valid, w, 0).astype(x.dtype)

@@ -6,7 +6,7 @@ are dense XLA ops: strided slices or gathers along one axis at a time,
 `reduce_window`, reshapes and small 0/1 matrices for adaptive windows.
 Indices are PyTorch's: the flat position of the maximum within its (D, H, W)
 plane; ties keep the first maximum in window order, and a NaN wins (the last
-NaN, as PyTorch's loop does).
+NaN, as PyTorch's loop does). Max unpooling checks its indices on the device.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..checks import require
 from ..registry import lower
 from ._ops import aten
 from .linalg import precision
@@ -395,3 +396,35 @@ def adaptive_max_pool2d_backward(grad, x, indices):
 @lower(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(grad, x, indices):
     return _scatter_to_plane(grad, x, 3, indices)
+
+
+# ------------------------------------------------------------------ unpooling
+def _max_unpool(x, indices, output_size):
+    """Each input element written at its index in the flat plane of its (N, C), zeros
+    elsewhere; of elements sharing an index the last wins (the CPU's threads pick any). An
+    index outside the plane raises the CPU's error (a device-side check)."""
+    spatial = tuple(int(s) for s in output_size)
+    plane = math.prod(spatial)
+    nd = len(spatial)
+    lead = x.shape[:-nd]
+    rows = math.prod(lead)
+    src = x.reshape(rows, -1)
+    idx = indices.reshape(rows, -1).astype(jnp.int64)
+    require((idx >= 0) & (idx < plane), RuntimeError, "Found an invalid max index: {0} "
+            f"(output volumes are of size {'x'.join(map(str, spatial))})", idx)
+    r = jnp.arange(rows)[:, None]
+    position = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)
+    winner = jnp.full((rows, plane), -1, jnp.int64).at[r, idx].max(position, mode="drop")
+    picked = jnp.take_along_axis(src, jnp.maximum(winner, 0), axis=1)
+    out = jnp.where(winner >= 0, picked, jnp.zeros((), x.dtype))
+    return out.reshape(lead + spatial)
+
+
+@lower(aten.max_unpool2d.default)
+def max_unpool2d(x, indices, output_size):
+    return _max_unpool(x, indices, output_size)
+
+
+@lower(aten.max_unpool3d.default)
+def max_unpool3d(x, indices, output_size, stride, padding):
+    return _max_unpool(x, indices, output_size)
