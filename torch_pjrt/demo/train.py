@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bf16: parameters (and optimizer state) in bfloat16, "
                         "model.to(torch.bfloat16) (default fp32)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parallel", choices=("ddp", "fsdp", "tp"),
+                   help="under torchrun: train on its processes with DistributedDataParallel, "
+                        "FSDP2 (fully_shard) or tensor parallelism (the global batch is "
+                        "--batch-size; --compare-cpu adds one CPU process on it)")
     p.add_argument("--sample-bytes", type=int, default=160)
 
 
@@ -141,6 +145,10 @@ def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: st
 def run(args) -> int:
     import torch_pjrt
 
+    if getattr(args, "parallel", None):
+        from . import parallel
+
+        return parallel.run(args)
     check_precision(args)
     torch.manual_seed(args.seed)
     cfg = GPTConfig(**{**SIZES[args.model_size].__dict__, "seq_len": args.seq_len})
