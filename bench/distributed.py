@@ -1,0 +1,208 @@
+"""torch.distributed on pjrt against gloo, 2 processes of this machine: all-reduce bus
+bandwidth from 4 KB to 64 MB, the latency of a 4-byte all-reduce, and a DDP training
+step against the same processes without gradient sync and against CPU DDP over gloo.
+
+    python bench/distributed.py [--nproc N] [--rounds N] [--smoke] [--print-only]
+
+It starts its processes itself (torch.distributed.run, torchrun's variables). pjrt
+tensors go through the `pjrt` process group twice, with the call check on (the default)
+and off (TORCH_PJRT_DIST_CHECK=0); CPU tensors through PyTorch's gloo group of the same
+processes. The candidates take turns, round after round, and each rank starts each
+measurement at a barrier; rank 0's medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import environment, settle, write_report  # noqa: E402
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _groups() -> dict:
+    """The candidates' process groups: pjrt checked, pjrt unchecked, gloo."""
+    checked = dist.group.WORLD
+    before = os.environ.get("TORCH_PJRT_DIST_CHECK")
+    os.environ["TORCH_PJRT_DIST_CHECK"] = "0"
+    unchecked = dist.new_group(backend="pjrt")
+    if before is None:
+        del os.environ["TORCH_PJRT_DIST_CHECK"]
+    else:
+        os.environ["TORCH_PJRT_DIST_CHECK"] = before
+    return {"pjrt": (checked, "pjrt"), "pjrt, check off": (unchecked, "pjrt"),
+            "gloo (CPU tensors)": (dist.new_group(backend="gloo"), "cpu")}
+
+
+def _measure(fns: dict, rounds: int, sync_group) -> dict[str, float]:
+    """Median seconds of each fn over `rounds` turns; every rank starts each at a barrier."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            settle()
+            dist.barrier(group=sync_group)
+            samples[name].append(fn())
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _all_reduce_fn(group, device: str, nbytes: int, iters: int, each_sync: bool):
+    t = torch.zeros(max(nbytes // 4, 1), device=device)  # zeros: sums stay finite
+
+    def run() -> float:
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t, group=group)
+            if each_sync and device != "cpu":
+                torch.pjrt.synchronize()
+        if device != "cpu":
+            torch.pjrt.synchronize()
+        return (time.perf_counter() - start) / iters
+
+    run()  # compile, connect
+    return run
+
+
+def bandwidth(groups: dict, sizes: list[int], rounds: int, n: int, sync) -> dict:
+    out = {}
+    for size in sizes:
+        iters = max(2, min(50, (32 << 20) // size))
+        fns = {name: _all_reduce_fn(g, dev, size, iters, False)
+               for name, (g, dev) in groups.items()}
+        secs = _measure(fns, rounds, sync)
+        # bus bandwidth: what each link carries in a ring all-reduce, per second
+        out[size] = {k: size * 2 * (n - 1) / n / s / 1e9 for k, s in secs.items()}
+    return out
+
+
+def latency(groups: dict, rounds: int, sync, iters: int) -> dict:
+    fns = {name: _all_reduce_fn(g, dev, 4, iters, True) for name, (g, dev) in groups.items()}
+    return _measure(fns, rounds, sync)
+
+
+def ddp_step(groups: dict, rounds: int, steps: int, sync) -> dict:
+    """Seconds per step of the demo GPT (global batch 16, seq 64) under DDP."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_pjrt
+    from torch_pjrt.demo.model import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab=256, seq_len=64, layers=2, d_model=128, heads=4)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randint(0, 256, (16 // n, 64), generator=gen)
+    y = torch.randint(0, 256, (16 // n, 64), generator=gen)
+
+    def trainer(device: str, group, no_sync: bool):
+        torch.manual_seed(0)
+        ddp = DDP(GPT(cfg).to(device), process_group=group)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        xd, yd = x.to(device), y.to(device)
+
+        def step():
+            with ddp.no_sync() if no_sync else nullcontext():
+                _, loss = ddp(xd, yd)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            opt.step()
+            return loss.item()
+
+        def run() -> float:
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            return (time.perf_counter() - start) / steps
+
+        for _ in range(3):  # warm up: compile
+            step()
+        return run
+
+    pjrt_group = groups["pjrt"][0]
+    with torch_pjrt.set_eager_mode("fused"):
+        fns = {
+            "pjrt DDP (fused)": trainer("pjrt", pjrt_group, False),
+            "pjrt DDP, check off": trainer("pjrt", groups["pjrt, check off"][0], False),
+            "pjrt, no gradient sync": trainer("pjrt", pjrt_group, True),
+            "CPU DDP over gloo": trainer("cpu", groups["gloo (CPU tensors)"][0], False),
+        }
+        return _measure(fns, rounds, sync)
+
+
+def worker(args) -> None:
+    dist.init_process_group("pjrt")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    groups = _groups()
+    sync = groups["gloo (CPU tensors)"][0]
+    sizes = SIZES[::3] if args.smoke else SIZES
+    rounds = 1 if args.smoke else args.rounds
+    bw = bandwidth(groups, sizes, rounds, n, sync)
+    lat = latency(groups, rounds, sync, 20 if args.smoke else 200)
+    step = ddp_step(groups, rounds, 2 if args.smoke else 5, sync)
+    if rank == 0:
+        _report(args, n, bw, lat, step)
+    dist.destroy_process_group()
+
+
+def _size(b: int) -> str:
+    return f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"
+
+
+def _report(args, n: int, bw: dict, lat: dict, step: dict) -> None:
+    rounds = 1 if args.smoke else args.rounds
+    names = list(next(iter(bw.values())))
+    lines = ["## torch.distributed: collectives and DDP (`python bench/distributed.py`)", "",
+             f"{n} processes on this machine, one device each; medians of {rounds} "
+             "rounds, candidates taking turns. `pjrt`: the `pjrt` process group on pjrt "
+             "tensors (XLA's collectives, gloo underneath on XLA:CPU), with its call check "
+             "(the default) and without (`TORCH_PJRT_DIST_CHECK=0`); gloo: PyTorch's gloo "
+             "group on CPU tensors.", "",
+             "All-reduce (SUM, float32) bus bandwidth, GB/s (higher is better):", "",
+             "| size | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for size, row in bw.items():
+        lines.append(f"| {_size(size)} | " + " | ".join(f"{row[k]:.3f}" for k in names) + " |")
+    lines += ["", "4-byte all-reduce, ms per call (each call waited for):", "",
+              "| " + " | ".join(lat) + " |", "|" + " --- |" * len(lat),
+              "| " + " | ".join(f"{v * 1e3:.3f}" for v in lat.values()) + " |", "",
+              "DDP training step of the demo GPT (2 layers, d=128, global batch 16, seq 64; "
+              "AdamW), ms per step and the ratio to pjrt without gradient sync:", "",
+              "| candidate | ms/step | ratio |", "| --- | --- | --- |"]
+    base = step["pjrt, no gradient sync"]
+    for k, v in step.items():
+        lines.append(f"| {k} | {v * 1e3:.1f} | {v / base:.2f}x |")
+    env = environment()
+    lines += ["", f"Measured {env['date']} on {env['cpu']} ({env['cpus']} cores, shared with "
+              "other engineers' jobs: a loaded machine), torch " + env["torch"] + ", jax "
+              + env["jax"] + "."]
+    text = "\n".join(lines)
+    print(text)
+    if not args.print_only and not args.smoke:
+        write_report("distributed", {"bandwidth_gbps": {str(k): v for k, v in bw.items()},
+                                     "latency_s": lat, "ddp_step_s": step, "env": env}, text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help="few sizes, one round (a check)")
+    p.add_argument("--print-only", action="store_true", help="do not write the report")
+    args = p.parse_args()
+    if "RANK" in os.environ:
+        worker(args)
+        return 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
+           os.path.abspath(__file__), *sys.argv[1:]]
+    return subprocess.run(cmd, timeout=3600).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
