@@ -46,6 +46,12 @@ CASES = {
     "masked assignment": lambda a, b: _assign(a.clone(), a < 0, b[3]),
     "index_put_ accumulate": lambda a, b: a.clone().index_put_(
         (torch.tensor([1, 1, 4], device=a.device),), b[:3], accumulate=True),
+    # and calls with indices on the CPU, which PyTorch takes for a tensor on any device
+    "CPU indices": lambda a, b: a[torch.tensor([1, 3, -1])],
+    "CPU mask": lambda a, b: a[(a > 0).cpu()],
+    "index_put_ at CPU indices": lambda a, b: a.clone().index_put_(
+        (torch.tensor([0, 2]),), b[:2], accumulate=True),
+    "assignment at CPU indices": lambda a, b: _assign(a.clone(), torch.tensor([1, -1]), b[0]),
 }
 
 

@@ -319,6 +319,18 @@ def test_unique_dim(dim, dynamic_kernels):
     compare(lambda x: torch.ops.aten.unique_dim(x, dim), x)
 
 
+@pytest.mark.parametrize("x", [torch.tensor([1.0, 0.0, 2.0]), torch.ones(2, 1, 3),
+                               torch.zeros(2, 3), torch.tensor(1.0), torch.tensor(0.0)],
+                         ids=["1d", "3d", "none", "0d", "0d-zero"])
+def test_nonzero_layout_is_column_major(x):
+    """nonzero's result has the CPU's (and CUDA's) strides (1, count), not row-major ones
+    (found by the differential fuzzer, tests/fuzz)."""
+    cpu, dev = x.nonzero(), to_device(x).nonzero()
+    assert dev.stride() == cpu.stride()
+    assert_same(dev, cpu)
+    assert torch.argwhere(to_device(x)).stride() == torch.argwhere(x).stride()
+
+
 def test_bincount_weights_and_errors(dynamic_kernels):
     x = torch.tensor([1, 5, 2, 2, 0])
     compare(lambda x: (torch.bincount(x), torch.bincount(x, minlength=9)), x)

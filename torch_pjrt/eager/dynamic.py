@@ -16,18 +16,31 @@ def _bucket(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def nonzero(x: torch.Tensor) -> torch.Tensor:
+def _coords(x: torch.Tensor) -> torch.Tensor:
+    """The nonzeros' coordinates, (count, x.dim()): the leading rows of a padded result."""
     count = int(aten.count_nonzero.default(x).item()) if x.dim() else int(bool(x.item()))
     padded = torch.ops.pjrt.nonzero_padded(x, _bucket(count))
     return padded[:count]
 
 
-def _expand_masks(indices) -> list:
-    """Boolean (and uint8) index tensors become their nonzero coordinates, as PyTorch does."""
+def nonzero(x: torch.Tensor) -> torch.Tensor:
+    """aten.nonzero: in the layout the CPU and CUDA kernels give, column-major (strides
+    (1, count))."""
+    coords = _coords(x)
+    out = torch.empty_strided(coords.shape, (1, coords.shape[0]), dtype=coords.dtype,
+                              device=coords.device)
+    return out.copy_(coords)
+
+
+def _device_indices(x: torch.Tensor, indices) -> list:
+    """Indices as the lowering takes them: on x's device (PyTorch takes CPU indices into a
+    tensor on any device), and boolean (and uint8) masks as their nonzero coordinates."""
     out = []
     for i in indices:
-        if i is not None and i.dtype in (torch.bool, torch.uint8):
-            coords = nonzero(i)
+        if i is not None and i.device != x.device:
+            i = i.to(x.device)
+        if i is not None and i.dtype in _MASK_DTYPES:
+            coords = _coords(i)
             out.extend(coords.unbind(1) if i.dim() else [coords.reshape(-1)])
         else:
             out.append(i)
@@ -38,10 +51,10 @@ _MASK_DTYPES = (torch.bool, torch.uint8)
 
 
 def _has_mask(indices) -> bool:
-    """Whether an index is a mask (op_kernel.cpp's has_mask decides the same for the native
-    kernel: keep the two alike)."""
+    """Whether an index is a mask or on the CPU (op_kernel.cpp's has_mask decides the same
+    for the native kernel: keep the two alike)."""
     for i in indices:  # a loop, not any(): this runs on every indexing op
-        if i is not None and i.dtype in _MASK_DTYPES:
+        if i is not None and (i.dtype in _MASK_DTYPES or i.device.type == "cpu"):
             return True
     return False
 
@@ -49,7 +62,7 @@ def _has_mask(indices) -> bool:
 def make_index(execute_index):
     def index(x, indices):
         if _has_mask(indices):
-            indices = _expand_masks(indices)
+            indices = _device_indices(x, indices)
         return execute_index(x, indices)
 
     return index
@@ -58,7 +71,7 @@ def make_index(execute_index):
 def make_index_put(execute):
     def index_put(x, indices, values, accumulate=False, unsafe=False):
         if _has_mask(indices):
-            indices = _expand_masks(indices)
+            indices = _device_indices(x, indices)
         return execute(x, indices, values, accumulate)
 
     return index_put

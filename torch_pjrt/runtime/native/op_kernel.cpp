@@ -695,16 +695,19 @@ bool record_in_place(PyObject* entry, PyObject* recs, PyObject* dyn, long device
 }
 
 // ------------------------------------------------------------------ the kernel
-// Whether a tensor list argument holds a boolean (or uint8) mask: indexing with one has
-// a data-dependent result, which the op's Python kernel turns into indices first
-// (eager/dynamic.py's _has_mask: keep the two alike).
+// Whether a tensor list argument holds a boolean (or uint8) mask or indices on the CPU:
+// indexing with a mask has a data-dependent result, and PyTorch takes CPU indices into a
+// tensor on any device; the op's Python kernel turns masks into indices and copies CPU
+// indices to the device first (eager/dynamic.py's _has_mask: keep the two alike).
 bool has_mask(c10::ArrayRef<c10::IValue> args) {
   for (const c10::IValue& v : args) {
     if (!v.isList()) continue;
     for (const c10::IValue& x : v.toListRef()) {
       if (!x.isTensor() || !x.toTensor().defined()) continue;
-      auto t = x.toTensor().scalar_type();
-      if (t == c10::ScalarType::Bool || t == c10::ScalarType::Byte) return true;
+      const at::Tensor& index = x.toTensor();
+      auto t = index.scalar_type();
+      if (t == c10::ScalarType::Bool || t == c10::ScalarType::Byte || index.is_cpu())
+        return true;
     }
   }
   return false;
