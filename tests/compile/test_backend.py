@@ -96,6 +96,34 @@ def test_mutated_inputs_are_written_back():
     torch.testing.assert_close(out.cpu(), buf_cpu * 2)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_outputs_that_view_another_output_share_its_storage(grad):
+    """As in eager (and AOTAutograd without a compiler), an output that is a view of
+    another output is that view, not a copy: writing one changes the other (found by the
+    differential fuzzer, tests/fuzz)."""
+    def f(x):
+        y = x * x
+        return y, y.expand(3, 2), y[1:], y.as_strided((), (), 1)
+
+    x = torch.tensor([2.0, 3.0], requires_grad=grad)
+    d = x.detach().to("pjrt").requires_grad_(grad)
+    want = f(x)
+    got = torch.compile(f, backend="pjrt")(d)
+    for g, w in zip(got[1:], want[1:]):
+        assert g._base is got[0]
+        assert g.stride() == w.stride() and g.storage_offset() == w.storage_offset()
+    if grad:
+        sum(o.sum() * (i + 1) for i, o in enumerate(got)).backward()
+        sum(o.sum() * (i + 1) for i, o in enumerate(want)).backward()
+        torch.testing.assert_close(d.grad.cpu(), x.grad)
+        return
+    with torch.no_grad():
+        got[0].add_(1)
+        want[0].add_(1)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)
+
+
 def test_one_compile_per_shape():
     counts = {"n": 0}
 

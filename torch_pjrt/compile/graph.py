@@ -459,6 +459,37 @@ def _input_view(node, placeholders: list, mutations: dict) -> tuple | None:
     return placeholders.index(node), steps[::-1]
 
 
+def _is_view(target) -> bool:
+    """An ATen view op: its result aliases its first argument, which it does not write."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return len(returns) == 1 and returns[0].alias_info is not None and \
+        not returns[0].alias_info.is_write
+
+
+def _static(args) -> bool:
+    """No graph value among `args` (nested lists included): known when the graph is built."""
+    return not any(isinstance(a, (torch.fx.Node, torch.SymInt)) or
+                   (isinstance(a, (list, tuple)) and not _static(a)) for a in args)
+
+
+def _output_view(node, bases: dict) -> tuple | None:
+    """(output index, [(view op, arguments), ...]) when `node` is only views of another
+    output of the graph (`bases`: output node -> its index): as in eager, it is returned
+    as a view of that output, sharing its storage, made on the host."""
+    steps = []
+    while node not in bases and isinstance(node, torch.fx.Node) and \
+            node.op == "call_function" and _is_view(node.target):
+        if node.kwargs or not _static(node.args[1:]):
+            return None
+        steps.append((node.target, node.args[1:]))
+        node = node.args[0]
+    if not steps or node not in bases:
+        return None
+    return bases[node], steps[::-1]
+
+
 def _apply_views(t: torch.Tensor, steps: list) -> torch.Tensor:
     for op, rest in steps:
         t = op(t, *rest)
@@ -506,10 +537,14 @@ class CompiledGraph:
             if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
                     and node.args[0] in placeholders:
                 mutations[placeholders.index(node.args[0])] = node.args[1]
-        # Each output: computed by the program, an input passed through, or None.
+        # Each output: computed by the program, an input passed through, a view of another
+        # output, or None.
         self.sources = []
         computed = []
         dense: list[bool] = []  # per computed output: contiguous instead of its meta strides
+        user = len(results) if internal_from is None else internal_from
+        bases = {r: i for i, r in enumerate(results[:user]) if isinstance(r, torch.fx.Node)
+                 and r not in placeholders and not _is_view(r.target)}
         for i, r in enumerate(results):
             if r is None:
                 self.sources.append(("none",))
@@ -518,6 +553,8 @@ class CompiledGraph:
             elif internal_from is not None and i >= internal_from and \
                     (view := _input_view(r, placeholders, mutations)) is not None:
                 self.sources.append(("view", *view))
+            elif i < user and (alias := _output_view(r, bases)) is not None:
+                self.sources.append(("alias", *alias))
             elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor):
                 self.sources.append(("computed",))
                 computed.append(r)
@@ -634,10 +671,14 @@ class CompiledGraph:
         return self._results(args, outs, sizes)
 
     def _results(self, args: list, outs, sizes: dict) -> list:
-        return [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input"
-                else concrete((s[1],), sizes)[0] if s[0] == "size"
-                else _apply_views(args[s[1]], s[2]) if s[0] == "view" else None
-                for s in self.sources]
+        results = [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input"
+                   else concrete((s[1],), sizes)[0] if s[0] == "size"
+                   else _apply_views(args[s[1]], s[2]) if s[0] == "view" else None
+                   for s in self.sources]
+        for i, s in enumerate(self.sources):
+            if s[0] == "alias":
+                results[i] = _apply_views(results[s[1]], s[2])
+        return results
 
     def _call_bucketed(self, args: list, sizes: dict) -> list:
         """Inputs padded to the bucket, true sizes passed at run time, outputs viewed back
