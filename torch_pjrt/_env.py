@@ -57,6 +57,9 @@ VARIABLES: tuple[EnvVar, ...] = (
            "its ranks agree through the group's store on the call (a rank missing past the "
            "group's timeout, or a different collective, shape or dtype, raises "
            "DistBackendError on every rank); 0: no check (a mismatch can hang or abort)."),
+    EnvVar("TORCH_PJRT_FUZZ_EXAMPLES", "300", "tests/fuzz: how many random programs the "
+           "differential fuzz test runs (a fixed seed; the compiled test runs a tenth as "
+           "many); more for a long sweep (docs/reliability.md)."),
     EnvVar("TORCH_PJRT_VERBOSE", "0", "1: log compiles and CPU fallbacks to stderr."),
     EnvVar("TORCH_PJRT_METRICS", "", "1: print torch_pjrt.metrics.report() at exit and warn "
            "once per line that syncs in every training step; 0: note no lines of user code "
