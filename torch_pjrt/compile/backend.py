@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
+import pkgutil
 import warnings
 from collections.abc import Iterator, Mapping
 
@@ -138,9 +140,13 @@ def register() -> None:
     # The backend's own Python (dispatcher kernels, the executor, the runtime) runs when
     # compiled code falls back to eager, e.g. during loss.backward() in a compiled step;
     # Dynamo must run it, not try to compile it. (demo/ stays traceable: it is user code.)
-    for part in ("runtime", "storage", "eager", "lowering", "compile", "counters", "kernels",
-                 "_env"):
+    for part in ("runtime", "storage", "eager", "lowering", "compile", "counters", "_env"):
         trace_rules.add(f"torch_pjrt.{part}")
+    # torch_pjrt.kernels' machinery, not its examples (user-facing functions, traced).
+    kernels = importlib.util.find_spec("torch_pjrt.kernels").submodule_search_locations
+    for module in pkgutil.iter_modules(kernels):
+        if module.name != "examples":
+            trace_rules.add(f"torch_pjrt.kernels.{module.name}")
     for package in ("jax", "jaxlib", "ml_dtypes"):  # what those kernels call
         trace_rules.add(package)
     wrapper = torch._TorchCompileInductorWrapper

@@ -4,11 +4,12 @@
   `torch.library.custom_op` or `torch.library.define` (register.py);
 - `jax_op(qualname, schema)`: an operator defined by a JAX function alone (jax_op.py);
 - Pallas kernels inside either run natively on TPU and GPU, interpreted on XLA:CPU
-  (`pallas.native()` says which).
+  (`pallas.native()` says which);
+- `examples`: shipped Pallas kernels (RMSNorm, softmax cross-entropy, flash attention).
 """
 
-from . import pallas
+from . import examples, pallas  # examples: registers the shipped kernels' operators
 from .jax_op import jax_op
 from .register import register_jax
 
-__all__ = ["jax_op", "pallas", "register_jax"]
+__all__ = ["examples", "jax_op", "pallas", "register_jax"]

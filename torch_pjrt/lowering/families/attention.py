@@ -365,10 +365,29 @@ def _scale(q, scale):
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
 
+# -------------------------------------------------------------- a kernel from above
+# A higher layer's attention kernel for the fused op (torch_pjrt.kernels' Pallas flash
+# attention, where the platform compiles Pallas natively), or None.
+_kernel = None
+
+
+def use_kernel(kernel) -> None:
+    """Let `kernel` serve the fused SDPA op where `kernel.applies(q, k, v, attn_bias,
+    dropout_p)`: `kernel.forward(q, k, v, is_causal, scale)` gives (out, log-sum-exp
+    [B, H, L] float32), `kernel.backward(grad, q, k, v, out, lse, is_causal, scale)`
+    (dq, dk, dv). JAX functions, traced inside this op's lowering."""
+    global _kernel
+    _kernel = kernel
+
+
 # -------------------------------------------------------------- the ops
 @lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True, products=True)
 def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
                             return_debug_mask=False, *, scale=None, key):
+    if _kernel is not None and _kernel.applies(q, k, v, attn_bias, dropout_p):
+        out, lse = _kernel.forward(q, k, v, is_causal, _scale(q, scale))
+        seed, offset = _key_to_philox(key)
+        return out, lse, None, None, seed, offset, None
     if cpu_kernels.attention_applies(q, k, v, attn_bias, dropout_p):
         out, lse = cpu_kernels.attention(q, k, v, is_causal, _scale(q, scale))
         seed, offset = _key_to_philox(key)
@@ -398,6 +417,9 @@ def _philox_to_key(seed, offset):
 def sdpa_fused_overrideable_backward(grad, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
                                      cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                                      philox_seed, philox_offset, *, scale=None):
+    if _kernel is not None and _kernel.applies(q, k, v, attn_bias, dropout_p):
+        grads = _kernel.backward(grad, q, k, v, out, logsumexp, is_causal, _scale(q, scale))
+        return tuple(g if m else None for g, m in zip((*grads, None), grad_input_mask))
     if cpu_kernels.attention_applies(q, k, v, attn_bias, dropout_p):
         grads = cpu_kernels.attention_backward(grad, q, k, v, out, logsumexp, is_causal,
                                                _scale(q, scale))
