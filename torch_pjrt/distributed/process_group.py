@@ -18,7 +18,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import _env
 from ..runtime import DEVICE_TYPE, client
-from . import agreement, buffers, collectives, rendezvous
+from . import agreement, buffers, collectives
 
 
 def _work(result=None) -> dist.Work:
@@ -108,11 +108,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         return False
 
     def _begin(self, desc: str, parts: tuple[int, ...] | None = None) -> None:
-        """Before a collective: fail if the job lost a process, run what was pending,
-        agree with the other ranks."""
-        if rendezvous.lost is not None:
-            raise dist.DistBackendError(
-                f"pjrt: {desc}: the job lost a process ({rendezvous.lost})")
+        """Before a collective: run what was pending, agree with the other ranks."""
         if self._p2p and desc.split("(")[0] not in ("send", "recv"):
             self._run_p2p()
         buffers.settle()

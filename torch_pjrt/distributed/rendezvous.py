@@ -35,9 +35,8 @@ class World:
         return list(range(first, first + self.local_size))
 
 
-_HEARTBEAT_S = 100  # JAX's default: a process silent this long counts as lost
+_HEARTBEAT_S = 100  # JAX's default: a process silent this long counts as dead
 _world: World | None = None  # set once jax.distributed is up (None: single process)
-lost: str | None = None  # why the job lost a process, once JAX's heartbeats say so
 
 
 def world() -> World | None:
@@ -96,7 +95,6 @@ def start_from_store(store, rank: int, size: int, timeout_s: float) -> None:
 def _initialize(coordinator: str, w: World, timeout_s: float = 300.0) -> None:
     global _world
     import jax
-    from jax._src.lib import _jax
 
     from ..runtime import shim
 
@@ -104,25 +102,15 @@ def _initialize(coordinator: str, w: World, timeout_s: float = 300.0) -> None:
     # One device per process: on GPUs the one of its local rank (the others stay free
     # for the other processes' clients).
     local_ids = None if _cpu_only() else [w.local_rank]
-    # JAX ends every process when its heartbeats say one died; torch-pjrt raises at the
-    # next collective instead (naming it), as PyTorch's backends do.
-    make_client = _jax.get_distributed_runtime_client
-    _jax.get_distributed_runtime_client = lambda *a, **k: make_client(
-        *a, **k, missed_heartbeat_callback=_on_lost)
-    try:
-        jax.distributed.initialize(
-            coordinator, num_processes=w.size, process_id=w.rank,
-            local_device_ids=local_ids, initialization_timeout=max(int(timeout_s), 1),
-            heartbeat_timeout_seconds=_HEARTBEAT_S)
-    finally:
-        _jax.get_distributed_runtime_client = make_client
+    # When JAX's heartbeats say a process died, it ends the others (its callback for that
+    # case cannot be a Python function in jaxlib 0.10.2: passing one aborts the process
+    # with std::bad_cast when it fires). Collectives raise earlier: agreement.py.
+    jax.distributed.initialize(
+        coordinator, num_processes=w.size, process_id=w.rank,
+        local_device_ids=local_ids, initialization_timeout=max(int(timeout_s), 1),
+        heartbeat_timeout_seconds=_HEARTBEAT_S)
     _world = w
     shim().set_default_device(w.local_rank)
-
-
-def _on_lost(status, *args) -> None:
-    global lost
-    lost = str(status)
 
 
 def _cpu_only() -> bool:
