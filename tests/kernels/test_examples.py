@@ -114,17 +114,19 @@ def test_cross_entropy_keeps_no_probabilities():
 
 # ------------------------------------------------------------------ SDPA's selection
 def _sdpa_jaxpr(causal):
-    q = jax.ShapeDtypeStruct((1, 2, 32, 8), jnp.float32)
+    q = jax.ShapeDtypeStruct((1, 2, 48, 8), jnp.float32)
     return str(jax.make_jaxpr(lambda q, k, v: attention.sdpa_fused_overrideable(
         q, k, v, is_causal=causal, key=jax.random.key(0)))(q, q, q))
 
 
 def test_sdpa_selects_flash_attention_where_pallas_is_native(monkeypatch):
+    monkeypatch.setattr(flash, "QUERIES", 16)
+    monkeypatch.setattr(flash, "KEYS", 16)
     assert "pallas_call" not in _sdpa_jaxpr(True)  # XLA:CPU: SDPA's own lowering
     monkeypatch.setattr(flash, "selected", lambda: True)
     assert "pallas_call" in _sdpa_jaxpr(True)
     # and through F.scaled_dot_product_attention (interpreted here), forward and backward
-    q, k, v = (torch.randn(1, 3, 36, 8, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, 3, 48, 8, requires_grad=True) for _ in range(3))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     out.sum().backward()
     dq, dk, dv = _pjrt(q, k, v)
@@ -133,6 +135,12 @@ def test_sdpa_selects_flash_attention_where_pallas_is_native(monkeypatch):
     _close(dout, out, atol=1e-5, rtol=1e-4)
     for a, b in ((dq, q), (dk, k), (dv, v)):
         _close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
-    # a mask or dropout keeps SDPA's own lowering
-    mask = jax.ShapeDtypeStruct((32, 32), jnp.bool_)
-    assert not flash.SDPAKernel.applies(mask, mask, mask, mask, 0.0)
+    # a mask, dropout, partial blocks or another head dimension keep SDPA's own lowering
+    x = jax.ShapeDtypeStruct((1, 2, 48, 8), jnp.float32)
+    assert flash.SDPAKernel.applies(x, x, x, None, 0.0)
+    mask = jax.ShapeDtypeStruct((48, 48), jnp.bool_)
+    assert not flash.SDPAKernel.applies(x, x, x, mask, 0.0)
+    assert not flash.SDPAKernel.applies(x, x, x, None, 0.1)
+    for shape in ((1, 2, 40, 8), (1, 2, 48, 12)):
+        y = jax.ShapeDtypeStruct(shape, jnp.float32)
+        assert not flash.SDPAKernel.applies(y, y, y, None, 0.0)

@@ -279,16 +279,25 @@ def selected() -> bool:
     return pallas.native()
 
 
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 class SDPAKernel:
     """What lowering/families/attention.py's kernel hook calls (JAX functions, inside the
     SDPA op's own lowering)."""
 
     @staticmethod
     def applies(q, k, v, attn_bias, dropout_p) -> bool:
+        """4-D, no mask, no dropout, as many key as query heads, one floating dtype; whole
+        blocks and power-of-two head dimensions (what every Pallas backend compiles)."""
         return (selected() and attn_bias is None and not dropout_p and q.ndim == 4
+                and k.ndim == 4 and v.ndim == 4
                 and k.shape[:2] == q.shape[:2] and v.shape[:3] == k.shape[:3]
-                and q.shape[-1] == k.shape[-1] and q.shape[-1] <= MAX_HEAD_DIM
-                and v.shape[-1] <= MAX_HEAD_DIM
+                and q.shape[-1] == k.shape[-1]
+                and all(_power_of_two(d) and d <= MAX_HEAD_DIM
+                        for d in (q.shape[-1], v.shape[-1]))
+                and q.shape[2] % QUERIES == 0 and k.shape[2] % KEYS == 0
                 and q.dtype == k.dtype == v.dtype
                 and jnp.issubdtype(q.dtype, jnp.floating))
 
