@@ -1,8 +1,8 @@
 """FSDP2 (fully_shard) on pjrt, 2 processes: losses and gathered parameters after Adam
 steps equal one CPU process on the global batch (float32: resharding after forward or
-not, a gradient divide factor that makes the reduce-scatter PREMUL_SUM, CPU offload), and
-equal FSDP2 on CPU tensors over gloo with bfloat16 parameters and float32 reduction; in
-strict and fused eager modes. FSDP2 frees and re-allocates its unsharded parameters with
+not, a gradient divide factor that makes the reduce-scatter PREMUL_SUM, CPU offload,
+under torch.compile), and equal FSDP2 on CPU tensors over gloo with bfloat16 parameters
+and float32 reduction; in strict and fused eager modes. FSDP2 frees and re-allocates its unsharded parameters with
 untyped_storage().resize_() and calls record_stream."""
 
 import launch
