@@ -2,8 +2,8 @@
 steps equal one CPU process on the global batch (float32: resharding after forward or
 not, a gradient divide factor that makes the reduce-scatter PREMUL_SUM, CPU offload,
 under torch.compile), and equal FSDP2 on CPU tensors over gloo with bfloat16 parameters
-and float32 reduction; in strict and fused eager modes. FSDP2 frees and re-allocates its unsharded parameters with
-untyped_storage().resize_() and calls record_stream."""
+and float32 reduction; in strict and fused eager modes. FSDP2 frees and re-allocates its
+unsharded parameters with untyped_storage().resize_() and calls record_stream."""
 
 import launch
 import pytest
