@@ -1,7 +1,8 @@
 """The cache holds code: its directories are the user's alone (0700, files 0600), and a
 directory or entry that another user owns or others can write is refused (one warning,
-a run without it) unless TORCH_PJRT_CACHE_SHARED=1. The native shim's build directory
-gets the same check."""
+a run without it) unless TORCH_PJRT_CACHE_SHARED=1. (The native extension is built at
+install time into the package: no run-time build directory is left to check,
+tests/runtime/test_native.py.)"""
 
 import hashlib
 import os
@@ -16,7 +17,7 @@ import pytest
 
 from torch_pjrt import counters
 from torch_pjrt.compile import warm
-from torch_pjrt.runtime import cache_files, compile_cache, native, warm_start
+from torch_pjrt.runtime import cache_files, compile_cache, warm_start
 from torch_pjrt.runtime.cache_files import CacheWarning
 
 OTHER_UID = 4242  # a user that is not this one
@@ -140,27 +141,3 @@ def test_a_directory_of_entries_others_can_write_is_not_used(cache):
     warned = _caught(lambda: _program("subdirectory"))
     assert len(warned) == 1 and "writable by others" in warned[0], warned
     assert counters.value("disk_cache_hits") == 0
-
-
-def test_native_build_directory_of_another_user_is_not_used(tmp_path, monkeypatch):
-    """The shim is loaded into the process: its build directory must be the user's alone,
-    else it is built in a private temporary directory (the check only; no build here)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    cache_files.forget()
-    build = native._build_dir()
-    assert native._private_build_dir() == build  # created, private
-    assert stat.S_IMODE(os.stat(build).st_mode) == 0o700
-    so = os.path.join(build, native._NAME + ".so")
-    with open(so, "wb") as f:
-        f.write(b"\x7fELF")
-    assert native._private_build_dir() == build
-    os.chmod(so, 0o666)
-    with pytest.warns(CacheWarning, match="writable by others"):
-        private = native._private_build_dir()
-    assert private != build and stat.S_IMODE(os.stat(private).st_mode) == 0o700
-    os.chmod(so, 0o600)
-    _chown_other(os.path.dirname(build))
-    cache_files.forget()
-    with pytest.warns(CacheWarning, match="owned by another user"):
-        assert native._private_build_dir() != build
-    cache_files.forget()
