@@ -60,7 +60,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_FUZZ_EXAMPLES", "300", "tests/fuzz: how many random programs the "
            "differential fuzz test runs (a fixed seed; the compiled test runs a tenth as "
            "many); more for a long sweep (docs/reliability.md)."),
-    EnvVar("TORCH_PJRT_VERBOSE", "0", "1: log compiles and CPU fallbacks to stderr."),
+    EnvVar("TORCH_PJRT_VERBOSE", "0", "1: print compiles, recompiles and CPU fallbacks to "
+           "stderr (a shortcut: the `torch_pjrt` logger at INFO with a stderr handler; "
+           "applications configure that logger as any other)."),
     EnvVar("TORCH_PJRT_METRICS", "", "1: print torch_pjrt.metrics.report() at exit and warn "
            "once per line that syncs in every training step; 0: note no lines of user code "
            "for the report (syncs, compiles, fallbacks); empty: note them, print nothing "

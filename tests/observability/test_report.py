@@ -185,14 +185,3 @@ def test_metrics_1_reports_at_exit_and_warns_per_step_syncs(tmp_path):
     assert "steady state: no compiles after step" in out.stderr
     warned = [line for line in out.stderr.splitlines() if "in every training step" in line]
     assert len(warned) == 1 and "train.py:7" in warned[0]
-
-
-def test_verbose_logs_compiles_and_fallbacks(monkeypatch, capsys):
-    monkeypatch.setattr(watch, "verbose", True)
-    torch.randn(3, 17).to("pjrt").exp().sum().item()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fallback.cpu_fallback(torch.ops.aten.mul.Tensor, (torch.ones(2).to("pjrt"), 2), {})
-    err = capsys.readouterr().err
-    assert "torch_pjrt: " in err and " graph-" in err and f"{HERE}:" in err
-    assert "aten.mul.Tensor ran on the CPU" in err

@@ -10,19 +10,17 @@ reads these records; torch_pjrt.counters holds the counts they agree with.
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .. import _env, counters
+from .. import _env, counters, logs
 from . import sites as _sites
 
 # ---------------------------------------------------------------- the switches
 notes = True  # note the user's line at syncs, compiles and fallbacks (TORCH_PJRT_METRICS!=0)
 loud = False  # TORCH_PJRT_METRICS=1: the report at exit, warnings for per-step syncs
-verbose = False  # TORCH_PJRT_VERBOSE: each compile and CPU fallback on stderr
 profiling = False  # a torch.profiler session with the pjrt activity is recording
 dumping = False  # TORCH_PJRT_DUMP_DIR is set
 op_sites = False  # note each recorded op's line (profiling or dumping)
@@ -56,16 +54,12 @@ def _update_op_sites() -> None:
 
 
 def configure() -> None:
-    """Read TORCH_PJRT_METRICS and TORCH_PJRT_VERBOSE (at import)."""
-    global notes, loud, verbose
+    """Read TORCH_PJRT_METRICS (at import). Compiles, recompiles and CPU fallbacks are
+    logged at INFO under the torch_pjrt logger (logs.py; TORCH_PJRT_VERBOSE=1 shows them)."""
+    global notes, loud
     value = _env.get("TORCH_PJRT_METRICS").strip().lower()
     notes = value not in ("0", "off", "false", "no")
     loud = value in ("1", "on", "true", "yes", "exit")
-    verbose = _env.flag("TORCH_PJRT_VERBOSE")
-
-
-def _log(text: str) -> None:
-    print(f"torch_pjrt: {text}", file=sys.stderr, flush=True)
 
 
 def site():
@@ -172,9 +166,10 @@ def compiled(digest: str, source: str, seconds: float) -> Program:
         p.site = site()
     _compile_steps.append(_steps)
     last_compile = (digest, source)
-    if verbose:
+    if logs.compiles.isEnabledFor(logs.INFO):
         how = "loaded from the disk cache" if source == "disk" else "compiled"
-        _log(f"{how} {p.name} ({p.title}) in {seconds:.2f} s, at {_sites.text(site())}")
+        logs.compiles.info("%s %s (%s) in %.2f s, at %s", how, p.name, p.title, seconds,
+                           _sites.text(site()))
     return p
 
 
@@ -195,11 +190,14 @@ _RECOMPILES_KEPT = 1000  # the first ones are kept, and the count of the rest
 def recompiled(what: str, reason: str, kind: str) -> None:
     """The same code compiled again for other inputs (eager.recompiles tells why)."""
     global _recompiles_dropped
+    where = site()
     if len(_recompiles) < _RECOMPILES_KEPT:
-        _recompiles.append(Recompile(what, reason, _steps, site(), kind))
+        _recompiles.append(Recompile(what, reason, _steps, where, kind))
     else:
         _recompiles_dropped += 1
     _recompile_steps.append(_steps)
+    if logs.recompiles.isEnabledFor(logs.INFO):
+        logs.recompiles.info("recompiling %s: %s, at %s", what, reason, _sites.text(where))
 
 
 _recompiles_dropped = 0
@@ -229,8 +227,8 @@ def synced(what: str) -> None:
 def fell_back(op: str) -> None:
     where = site()
     _fallbacks[(op, where)] += 1
-    if verbose:
-        _log(f"{op} ran on the CPU (no lowering), at {_sites.text(where)}")
+    if logs.fallbacks.isEnabledFor(logs.INFO):
+        logs.fallbacks.info("%s ran on the CPU (no lowering), at %s", op, _sites.text(where))
 
 
 def syncs() -> Counter:
