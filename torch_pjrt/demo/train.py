@@ -10,7 +10,9 @@ import sys
 import time
 
 import torch
+from tqdm import tqdm
 
+from . import board, plot
 from . import data as text
 from .model import GPT, SIZES, GPTConfig
 
@@ -28,7 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="pjrt", help="device to train on (default: pjrt)")
     p.add_argument("--compare-cpu", action="store_true",
                    help="also train on CPU PyTorch from the same weights and compare losses")
-    p.add_argument("--plot", metavar="FILE", help="write the loss curves to this PNG")
+    p.add_argument("--plot", metavar="FILE", help="draw the loss curves to this PNG "
+                   "(needs matplotlib: pip install \"torch-pjrt[plot]\")")
+    p.add_argument("--tensorboard", metavar="DIR", help="log loss, tokens/s and the backend's "
+                   "metrics to this TensorBoard directory (needs tensorboard: "
+                   "pip install \"torch-pjrt[tensorboard]\")")
     p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
                    help="bf16 or fp16: torch.autocast to that dtype (fp16 with a GradScaler); "
                         "fp32: no autocast (default)")
@@ -63,24 +69,30 @@ def check_precision(args) -> None:
 
 
 class Progress:
-    """A one-line progress bar on stderr: loss, tokens/s and ETA."""
+    """Training progress on stderr: a tqdm bar with the loss and tokens/s on a terminal;
+    elsewhere (a log file) a plain line every tenth of the run instead of a redrawn bar.
+    Also what --tensorboard logs at each step."""
 
-    def __init__(self, total: int, tokens_per_step: int, enabled: bool):
-        self.total, self.tokens, self.enabled = total, tokens_per_step, enabled
+    def __init__(self, total: int, tokens_per_step: int, enabled: bool, board=None):
+        self.total, self.tokens, self.board = total, tokens_per_step, board
+        self.bar = tqdm(total=total, unit="step", file=sys.stderr, leave=True,
+                        dynamic_ncols=True, disable=None if enabled else True)
+        self.plain = enabled and self.bar.disable  # enabled, but stderr is no terminal
         self.start = time.perf_counter()
 
     def update(self, step: int, loss: float) -> None:
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.start
-        rate = step * self.tokens / max(elapsed, 1e-9)
-        eta = (self.total - step) * elapsed / max(step, 1)
-        filled = 24 * step // self.total
-        bar = "#" * filled + "." * (24 - filled)
-        end = "\n" if step == self.total else ""
-        print(f"\r  step {step:4d}/{self.total} [{bar}] loss {loss:6.3f} | "
-              f"{rate / 1000:6.1f}k tok/s | ETA {int(eta) // 60}:{int(eta) % 60:02d} ",
-              end=end, file=sys.stderr, flush=True)
+        rate = step * self.tokens / max(time.perf_counter() - self.start, 1e-9)
+        if self.board is not None:
+            self.board.step(step, loss, rate)
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"loss {loss:.3f}, {rate / 1000:.1f}k tok/s", refresh=False)
+            self.bar.update(1)
+        elif self.plain and (step % max(self.total // 10, 1) == 0 or step == self.total):
+            print(f"  step {step}/{self.total}: loss {loss:.3f}, {rate / 1000:.1f}k tok/s",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _mode_context(mode: str, device: str):
@@ -116,15 +128,16 @@ def evaluate(model: GPT, val: torch.Tensor, cfg: GPTConfig, device: str, args=No
 
 
 def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: str,
-          progress: bool) -> tuple[list[float], float | None]:
-    """The losses of every step, and when (perf_counter) the first step had finished."""
+          progress: bool, board=None) -> tuple[list[float], float | None]:
+    """The losses of every step, and when (perf_counter) the first step had finished;
+    `board` (board.Board), if given, logs each step."""
     gen = torch.Generator().manual_seed(args.seed + 1)
     step_model = _compile_step_model(model, args.mode if device.startswith("pjrt") else "eager")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     # float16 gradients underflow without loss scaling (bfloat16 has float32's range)
     scaler = torch.amp.GradScaler(torch.device(device).type,
                                   enabled=getattr(args, "precision", "fp32") == "fp16")
-    bar = Progress(args.steps, args.batch_size * cfg.seq_len, progress)
+    bar = Progress(args.steps, args.batch_size * cfg.seq_len, progress, board)
     losses = []
     first_done = None
     for step in range(1, args.steps + 1):
@@ -139,6 +152,7 @@ def train(model: GPT, train_data: torch.Tensor, cfg: GPTConfig, args, device: st
         if step == 1:
             first_done = time.perf_counter()
         bar.update(step, losses[-1])
+    bar.close()
     return losses, first_done
 
 
@@ -150,6 +164,10 @@ def run(args) -> int:
 
         return parallel.run(args)
     check_precision(args)
+    if args.plot:
+        plot.require()
+    if args.tensorboard:
+        board.require()
     torch.manual_seed(args.seed)
     cfg = GPTConfig(**{**SIZES[args.model_size].__dict__, "seq_len": args.seq_len})
     corpus = text.load(args.data)
@@ -174,8 +192,14 @@ def run(args) -> int:
     if args.param_dtype == "bf16":
         model.to(torch.bfloat16)
     val_before = evaluate(model, val_data, cfg, device, args)
-    losses, first_done = train(model, train_data, cfg, args, device, progress=True)
+    run_name = f"{device.replace(':', '')}-{args.mode}-{args.precision}"
+    boards = [board.Board(args.tensorboard, run_name, device)] if args.tensorboard else []
+    losses, first_done = train(model, train_data, cfg, args, device, progress=True,
+                               board=boards[0] if boards else None)
     val_after = evaluate(model, val_data, cfg, device, args)
+    for b in boards:
+        b.validation(0, val_before)
+        b.validation(args.steps, val_after)
     prompt = torch.tensor([list(b"def ")], dtype=torch.long, device=device)
     drawn: list[int] = []  # streamed as they are drawn, as a chat UI would
     with autocast(args, device):
@@ -210,7 +234,10 @@ def run(args) -> int:
         cpu_args = copy.copy(args)
         cpu_args.mode, cpu_args.precision, cpu_args.param_dtype = "eager", "fp32", "fp32"
         print("  CPU PyTorch in float32, same initial weights and batches:")
-        cpu_losses, _ = train(cpu_model, train_data, cfg, cpu_args, "cpu", progress=True)
+        if args.tensorboard:
+            boards.append(board.Board(args.tensorboard, "cpu-eager-fp32", "cpu"))
+        cpu_losses, _ = train(cpu_model, train_data, cfg, cpu_args, "cpu", progress=True,
+                              board=boards[-1] if args.tensorboard else None)
         series["cpu (PyTorch eager, float32)"] = cpu_losses
         diffs = [abs(a - b) for a, b in zip(losses, cpu_losses)]
         print("  step    pjrt loss   cpu loss    |diff|")
@@ -218,12 +245,15 @@ def run(args) -> int:
                          len(losses) - 1}):
             print(f"  {i + 1:4d}   {losses[i]:9.5f}  {cpu_losses[i]:9.5f}  {diffs[i]:.2e}")
         print(f"  largest loss difference over {len(diffs)} steps: {max(diffs):.2e}")
+    for b in boards:
+        b.close()
+    if args.tensorboard:
+        print(f"  TensorBoard logs in {args.tensorboard} (tensorboard --logdir "
+              f"{args.tensorboard})")
     if args.plot:
-        from .plot import COLOR_NAMES, line_plot
-
-        line_plot(args.plot, series)
-        key = ", ".join(f"{c}: {name}" for c, name in zip(COLOR_NAMES, series))
-        print(f"  loss curves written to {args.plot} ({key})")
+        plot.loss_plot(args.plot, series, f"torch-pjrt demo: GPT-{args.model_size}, "
+                       f"{args.steps} steps, batch {args.batch_size} x {args.seq_len} bytes")
+        print(f"  loss curves drawn in {args.plot}")
     ok = math.isfinite(losses[-1]) and losses[-1] < losses[0]
     return 0 if ok else 1
 
