@@ -130,6 +130,7 @@ def _train(step_model, model: GPT, train_data, cfg: GPTConfig, args, rank: int, 
             dist.all_reduce(total, op=dist.ReduceOp.AVG)
         losses.append(total.item())
         bar.update(step, losses[-1])
+    bar.close()
     return losses
 
 
