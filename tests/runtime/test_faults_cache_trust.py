@@ -67,7 +67,7 @@ def test_directories_are_created_0700_and_files_0600(cache, tmp_path):
     old = os.umask(0)  # the most permissive umask: the modes must not depend on it
     try:
         _program("modes")
-        warm_start.note_traced("a" * 64)
+        warm_start.note_traced("a" * 64, False)
         warm._write("pjrtkey", pickle.dumps([1, 2]))
     finally:
         os.umask(old)
