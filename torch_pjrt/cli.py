@@ -1,5 +1,5 @@
-"""`python -m torch_pjrt` commands: the OpInfo coverage sweep and its report, info, cache,
-and a script run under the metrics report."""
+"""`python -m torch_pjrt` commands: the OpInfo coverage sweep, the error-input sweep and
+their reports, info, cache, and a script run under the metrics report."""
 
 from __future__ import annotations
 
@@ -10,14 +10,20 @@ import sys
 import time
 
 DEFAULT_OUT = os.path.join("docs", "op-coverage.md")
+DEFAULT_ERRORS_OUT = os.path.join("docs", "error-inputs.md")
 _CHECKPOINT_EVERY = 20  # ops between partial writes of the JSON (a crash keeps the rest)
 
 
 def add_ops_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", action="store_true",
                    help=f"write the markdown table and a JSON next to it (--out, default "
-                        f"{DEFAULT_OUT})")
-    p.add_argument("--out", default=DEFAULT_OUT, help="markdown path; the JSON gets .json")
+                        f"{DEFAULT_OUT}, or {DEFAULT_ERRORS_OUT} with --errors)")
+    p.add_argument("--out", default=None, help="markdown path; the JSON gets .json")
+    p.add_argument("--errors", action="store_true",
+                   help="run the ops' error inputs instead (OpInfo.error_inputs: what the CPU "
+                        "rejects, pjrt must reject with the same exception type)")
+    p.add_argument("--modes", default=",".join(("strict", "fused", "debug", "compile")),
+                   help="with --errors: comma-separated modes (strict, fused, debug, compile)")
     p.add_argument("--ops", default=None,
                    help="comma-separated OpInfo names (name[.variant]); default: all of op_db")
     p.add_argument("--dtype", default="float32", help="sample dtype (default float32)")
@@ -91,6 +97,9 @@ def run_ops(args: argparse.Namespace) -> int:
 
     from . import conformance
 
+    if args.errors:
+        return run_errors(args)
+    args.out = args.out or DEFAULT_OUT
     # A sweep compiles tens of thousands of one-off programs: keep them off the on-disk
     # compile cache (they would evict a user's useful entries) unless asked for.
     os.environ.setdefault("TORCH_PJRT_COMPILE_CACHE", "0")
@@ -145,6 +154,67 @@ def run_ops(args: argparse.Namespace) -> int:
     if args.report:
         _write(args, results, seconds, True)
         print(f"wrote {args.out} and {_json_path(args.out)}")
+    return 0
+
+
+def run_errors(args: argparse.Namespace) -> int:
+    """The error-input sweep: one line per op, the totals per mode (and the report)."""
+    from . import conformance_errors as ce
+
+    os.environ.setdefault("TORCH_PJRT_COMPILE_CACHE", "0")  # one-off programs, as run_ops
+    args.out = args.out or DEFAULT_ERRORS_OUT
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    bad = [m for m in modes if m not in ce.MODES]
+    names = [n.strip() for n in args.ops.split(",") if n.strip()] if args.ops else None
+    try:
+        if bad:
+            raise KeyError(f"unknown modes {', '.join(bad)}; accepted: {', '.join(ce.MODES)}")
+        opinfos = ce.ops_with_error_inputs(names)
+    except KeyError as e:
+        print(f"ops: {e.args[0]}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    count = len(opinfos)
+
+    def progress(r, i=[0]):  # noqa: B006 - a counter across calls
+        i[0] += 1
+        fails = "".join(f"\n    {m}: {f}" for m, fs in r.failures.items() for f in fs)
+        print(f"[{i[0]}/{count}] {r.name}: {r.inputs} inputs, "
+              + ", ".join(f"{m} {r.rejected(m) - r.failed(m)}/{r.rejected(m)}"
+                          for m in modes if m in r.counts)
+              + (f" ({r.error})" if r.error else "") + f" ({r.seconds:.1f} s){fails}",
+              flush=True)
+
+    results = ce.sweep(opinfos, modes, time_limit=args.time_limit or None, on_result=progress)
+    seconds = time.perf_counter() - start
+    totals = ce.totals(results, modes)
+    print(f"\n{len(results)} ops with error inputs, {seconds / 60:.1f} min")
+    for m in modes:
+        t = totals[m]
+        print(f"{m:>8}: {t['rejected']} inputs the CPU rejects, {t['same_type']} same type "
+              f"({t['match']} match), {t['other']} other type, {t['silent']} silent")
+    if args.report:
+        meta = {**_environment("float32"), "seconds": round(seconds, 1), "modes": list(modes)}
+        meta.pop("dtype")
+        json_path = _json_path(args.out)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({"meta": meta, "totals": totals,
+                       "ops": [r.to_dict() for r in results]}, f, indent=1)
+        header = (f"torch {meta['torch']}, jax {meta['jax']}, platform `{meta['platform']}`, "
+                  f"{meta['date']}; {seconds / 60:.1f} min. Raw results: "
+                  f"[{os.path.basename(json_path)}]({os.path.basename(json_path)}).")
+        with open(args.out, "w") as f:
+            f.write(ce.markdown(results, modes, header=header))
+        print(f"wrote {args.out} and {json_path}")
+    unexpected = [f"{r.name}@{m}" for r in results for m in modes
+                  if m in r.counts and ce.verdict(r, m) == "unexpected"]
+    fixed = [f"{r.name}@{m}" for r in results for m in modes
+             if m in r.counts and ce.verdict(r, m) == "fixed"]
+    if unexpected:
+        print(f"unexpected failures (not in the known list): {', '.join(unexpected)}")
+    if fixed:
+        print(f"known failures that pass now (remove them from the list): {', '.join(fixed)}")
     return 0
 
 

@@ -211,15 +211,31 @@ def tolerance(opinfo, dtype: torch.dtype = torch.float32,
 
 
 # ----------------------------------------------------------------- running
-def _to_pjrt(sample, keep_on_cpu: tuple[int, ...] = ()):
+def to_pjrt(sample, keep_on_cpu: tuple[int, ...] = (), aliasing: bool = False):
     """The sample with its tensors copied to pjrt (grad-requiring ones stay leaves that
     require grad); CPU devices named in the arguments (factories' device=, Tensor.to) become
-    pjrt."""
+    pjrt. `aliasing`: tensors sharing a CPU storage share a pjrt one, with their own strides
+    and offsets (each is otherwise copied into a storage of its own)."""
     from torch.testing._internal.opinfo.core import SampleInput
 
+    storages: dict[tuple, torch.Tensor] = {}
+    moved: dict[int, torch.Tensor] = {}  # a tensor passed twice stays one tensor
+
+    def same_layout(x):
+        if id(x) in moved:
+            return moved[id(x)]
+        s = x.untyped_storage()
+        base = storages.get((s.data_ptr(), x.dtype))
+        if base is None:
+            whole = torch.empty(0, dtype=x.dtype).set_(s, 0, (s.nbytes() // x.element_size(),))
+            base = storages[(s.data_ptr(), x.dtype)] = whole.detach().to(DEVICE)
+        moved[id(x)] = base.as_strided(x.shape, x.stride(), x.storage_offset())
+        return moved[id(x)]
+
     def move(x):
-        if isinstance(x, torch.Tensor):
-            y = x.detach().to(DEVICE)
+        if isinstance(x, torch.Tensor) and x.device.type != "meta":  # (meta: on purpose)
+            y = same_layout(x) if aliasing and x.layout == torch.strided else \
+                x.detach().to(DEVICE)
             return y.requires_grad_(x.requires_grad) if x.requires_grad else y
         if isinstance(x, torch.device) and x.type == "cpu":
             return torch.device(DEVICE)
@@ -248,7 +264,7 @@ def _call_on_pjrt(opinfo, sample) -> Any:
         return _call(opinfo, sample)
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
 
@@ -291,12 +307,12 @@ def _compare(actual: Any, expected: Any, tol: tuple[float, float], shape_only: b
             torch.testing.assert_close(actual, expected, atol=tol[0], rtol=tol[1],
                                        equal_nan=True)
         except (AssertionError, TypeError) as e:
-            raise SampleFailure(f"{where}: {actual!r} != {expected!r} ({_first_line(e)})") from None
+            raise SampleFailure(f"{where}: {actual!r} != {expected!r} ({first_line(e)})") from None
     elif not shape_only and actual != expected:
         raise SampleFailure(f"{where}: {actual!r} != {expected!r}")
 
 
-def _sync(result: Any) -> None:
+def sync_result(result: Any) -> None:
     """Wait for the pjrt result (so device-side errors and lazy failures surface here)."""
     for t in tree_flatten(result)[0]:
         if isinstance(t, torch.Tensor) and t.device.type == DEVICE and t.layout == torch.strided:
@@ -312,16 +328,16 @@ def _run_both(cpu_fn: Callable[[], Any], pjrt_fn: Callable[[], Any]):
         expected, cpu_error = None, e
     try:
         actual = pjrt_fn()
-        _sync(actual)
+        sync_result(actual)
     except Exception as e:  # noqa: BLE001
         if cpu_error is not None and isinstance(e, type(cpu_error)):
             return None, None, True
         if cpu_error is not None:
-            raise SampleFailure(f"CPU raised {_first_line(cpu_error)}; pjrt raised "
-                                f"{_first_line(e)}") from None
+            raise SampleFailure(f"CPU raised {first_line(cpu_error)}; pjrt raised "
+                                f"{first_line(e)}") from None
         raise
     if cpu_error is not None:
-        raise SampleFailure(f"CPU raised {_first_line(cpu_error)}; pjrt did not")
+        raise SampleFailure(f"CPU raised {first_line(cpu_error)}; pjrt did not")
     return expected, actual, False
 
 
@@ -386,7 +402,7 @@ def _fallback_counts() -> dict[str, int]:
 
 
 def _forward_sample(opinfo, sample, tol, shape_only, counter) -> bool:
-    dev = _to_pjrt(sample, CPU_ARGS.get(op_name(opinfo), ()))  # before the CPU run, which
+    dev = to_pjrt(sample, CPU_ARGS.get(op_name(opinfo), ()))  # before the CPU run, which
     # may modify the sample in place
 
     def pjrt_run():
@@ -401,7 +417,7 @@ def _forward_sample(opinfo, sample, tol, shape_only, counter) -> bool:
 
 def _backward_sample(opinfo, sample, tol, shape_only, counter, seed) -> bool | None:
     """True: both raised; False: compared; None: nothing to differentiate."""
-    dev = _to_pjrt(sample, CPU_ARGS.get(op_name(opinfo), ()))
+    dev = to_pjrt(sample, CPU_ARGS.get(op_name(opinfo), ()))
     expected, actual, raised = _run_both(lambda: _grads(opinfo, sample, seed),
                                          lambda: _grads(opinfo, dev, seed, counter))
     if raised:
@@ -420,7 +436,7 @@ def _backward_sample(opinfo, sample, tol, shape_only, counter, seed) -> bool | N
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float | None) -> Iterator[None]:
+def time_limit_of(seconds: float | None) -> Iterator[None]:
     """Raise OpTimeout in the main thread after `seconds` (no limit for None or 0)."""
     if not seconds:
         yield
@@ -476,12 +492,12 @@ def run_direction(opinfo, direction: str, dtype: torch.dtype = torch.float32, *,
     compared = 0
     current = 0  # index of the sample being run, in the op's full sample list
     try:
-        with quiet(), _time_limit(time_limit):
+        with quiet(), time_limit_of(time_limit):
             torch.manual_seed(seed)
             try:
                 samples = list(opinfo.sample_inputs("cpu", dtype, requires_grad=backward))
             except Exception as e:  # noqa: BLE001 - a CPU-side problem, not ours
-                return Outcome("skip", f"sample inputs raised {_first_line(e)}")
+                return Outcome("skip", f"sample inputs raised {first_line(e)}")
             outcome.total = len(samples)
             random_sample = RANDOM_SAMPLES.get(name)
             for current, sample in spread(list(enumerate(samples)), max_samples):
@@ -508,7 +524,7 @@ def run_direction(opinfo, direction: str, dtype: torch.dtype = torch.float32, *,
                           f"{outcome.samples} before passed)")
     except Exception as e:  # noqa: BLE001 - one bad op must not stop the sweep
         outcome.status = "fail"
-        outcome.reason = f"sample {current}: {_first_line(e)}"
+        outcome.reason = f"sample {current}: {first_line(e)}"
     finally:
         outcome.seconds = round(time.perf_counter() - start, 3)
     _clear_pending_checks()

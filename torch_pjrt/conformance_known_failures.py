@@ -4,6 +4,11 @@ Data for torch_pjrt.conformance: a listed op that fails is an expected failure,
 an unlisted failure fails tests/lowering/test_opinfo.py, and a listed op that
 passes every sample is reported as fixed (delete its line). Regenerate the
 report with `python -m torch_pjrt ops --report` (docs/op-coverage.md).
+
+ERROR_INPUTS is the same for the error-input sweep (torch_pjrt/conformance_errors.py,
+`python -m torch_pjrt ops --errors --report`, docs/error-inputs.md): ops some of whose
+error inputs pjrt does not reject with the CPU's exception type; a name is
+`op[.variant]` (every mode) or `op[.variant]@mode`.
 """
 
 _BATCH_NORM_EVAL = ("eval mode: save_mean/invstd of shape [C] as the meta kernel (and CUDA) "
@@ -39,3 +44,10 @@ BACKWARD: dict[str, str] = {
 }
 
 KNOWN_FAILURES: dict[str, dict[str, str]] = {"forward": FORWARD, "backward": BACKWARD}
+
+ERROR_INPUTS: dict[str, str] = {
+    "cat@compile":
+        "input 7, cat([empty, x], out=x): AOTAutograd makes out= a functional cat and a "
+        "copy, which no kernel refuses; torch.compile on the CPU accepts it too (aot_eager, "
+        "the call compiled alone), though the sweep's aot_eager reference raised",
+}

@@ -2,8 +2,11 @@
 
 Focused cases first (token ids outside the vocabulary, class targets outside
 [0, C), invalid multinomial distributions: each once returned a plausible result
-on pjrt), forward and backward, in strict, fused, debug and torch.compile.
+on pjrt), forward and backward, in strict, fused, debug and torch.compile; then
+PyTorch's own error inputs of op_db (torch_pjrt/conformance_errors.py).
 """
+
+import os
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ import torch.nn.functional as F
 from helpers import assert_same, to_cpu, to_device
 
 import torch_pjrt
+from torch_pjrt import conformance, conformance_errors
+from torch_pjrt.conformance_known_failures import ERROR_INPUTS
 
 MODES = ("strict", "fused", "debug", "compile")
 
@@ -177,3 +182,48 @@ BAD_DATA = {
 def test_more_bad_data(mode, case):
     fn, args, op = case
     raises_as_on_cpu(fn, *args, mode=mode, op=op)
+
+
+# ------------------------------------------------------------------ op_db's error inputs
+# CI runs a fixed slice of the ops that list error inputs, in every mode: the ops whose
+# errors come from device-side checks, from the lowerings' own checks, from the executor's
+# overlap check, and a few whose errors come from meta kernels. All of op_db's 226 ops in
+# every mode took 29 min on the loaded 2-core machine; this slice 101 s of CPU time.
+# TORCH_PJRT_SLOW_TESTS=1 runs every op in every mode, as `python -m torch_pjrt ops
+# --errors --report` does for docs/error-inputs.md.
+CI_SLICE = (
+    "nn.functional.embedding", "gather", "take", "index_select", "index_add", "multinomial",
+    "uniform", "bucketize", "masked_scatter", "masked_select", "complex", "cat", "aminmax",
+    "logcumsumexp", "nn.functional.conv1d", "nn.functional.conv3d", "kthvalue", "bernoulli",
+)
+
+
+def _sweep_params():
+    ops = conformance_errors.ops_with_error_inputs()
+    slow = os.environ.get("TORCH_PJRT_SLOW_TESTS", "").strip() not in ("", "0")
+    return [pytest.param(op, mode, id=f"{conformance_errors.op_name(op)}-{mode}")
+            for op in ops if slow or conformance_errors.op_name(op) in CI_SLICE
+            for mode in conformance_errors.MODES]
+
+
+def test_ci_slice_names_ops_with_error_inputs():
+    names = {conformance_errors.op_name(o) for o in conformance_errors.ops_with_error_inputs()}
+    assert set(CI_SLICE) <= names
+    unknown = {k.split("@")[0] for k in ERROR_INPUTS} - names
+    assert not unknown, f"known error-input failures of ops without error inputs: {unknown}"
+
+
+@pytest.mark.parametrize(("opinfo", "sweep_mode"), _sweep_params())
+def test_op_db_error_inputs(opinfo, sweep_mode):
+    r = conformance_errors.run_op_errors(opinfo, (sweep_mode,), time_limit=600)
+    conformance.release_compiled()
+    verdict = conformance_errors.verdict(r, sweep_mode)
+    failures = "; ".join([r.error] if r.error else r.failures.get(sweep_mode, []))
+    if verdict == "unexpected":
+        pytest.fail(f"{r.name} in {sweep_mode}: {failures}", pytrace=False)
+    if verdict == "expected":
+        pytest.xfail(f"known: {failures}")
+    if verdict == "fixed":
+        pytest.fail(f"{r.name} rejects every error input in {sweep_mode} now: delete it from "
+                    "ERROR_INPUTS in torch_pjrt/conformance_known_failures.py", pytrace=False)
+    assert r.rejected(sweep_mode) > 0 or r.cpu_accepts == r.inputs

@@ -39,6 +39,17 @@ def run(op: torch._ops.OpOverload, *args, **kwargs):
     return cpu_fallback(op, args, kwargs)
 
 
+def _shared_storages(tree, pjrt: str) -> set[int]:
+    """Data pointers of the pjrt storages that more than one tensor argument uses."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for t in torch.utils._pytree.tree_leaves(tree):
+        if isinstance(t, torch.Tensor) and t.device.type == pjrt:
+            ptr = t.untyped_storage().data_ptr()
+            (shared if ptr in seen else seen).add(ptr)
+    return shared
+
+
 def _pjrt_type() -> str:
     return torch._C._get_privateuse1_backend_name()
 
@@ -61,12 +72,28 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
         )
     pjrt = _pjrt_type()
     device = None
+    shared = _shared_storages((args, kwargs), pjrt)
+    hosts: dict[tuple, torch.Tensor] = {}  # a shared storage's CPU copy, by (pointer, dtype)
+    same: dict[int, torch.Tensor] = {}  # a tensor passed twice stays one tensor
 
     def to_cpu(x):
         nonlocal device
         if isinstance(x, torch.Tensor) and x.device.type == pjrt:
             device = device or x.device
-            return x.cpu()
+            ptr = x.untyped_storage().data_ptr()
+            if ptr not in shared:
+                return x.cpu()
+            # Arguments sharing a storage share it on the CPU too, so that the CPU kernel
+            # sees (and refuses, as PyTorch does) an out= argument overlapping an input.
+            if id(x) not in same:
+                host = hosts.get((ptr, x.dtype))
+                if host is None:
+                    s = x.untyped_storage()
+                    whole = torch.empty(0, dtype=x.dtype, device=x.device)
+                    host = hosts[(ptr, x.dtype)] = whole.set_(
+                        s, 0, (s.nbytes() // x.element_size(),)).cpu()
+                same[id(x)] = host.as_strided(x.shape, x.stride(), x.storage_offset())
+            return same[id(x)]
         if isinstance(x, torch.device) and x.type == pjrt:
             device = device or x
             return torch.device("cpu")

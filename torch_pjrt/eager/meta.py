@@ -1,5 +1,7 @@
 """The op run on meta tensors: PyTorch's own checks and the layout of its outputs,
-without data (and, where it fails, run on CPU tensors for CPU PyTorch's message)."""
+without data (and, where it fails, run on CPU tensors for CPU PyTorch's message; where
+it writes into a tensor that overlaps another argument, on aliased CPU tensors for the
+CPU kernels' overlap checks, which meta tensors cannot make)."""
 
 from __future__ import annotations
 
@@ -49,11 +51,27 @@ def run_meta(spec: OpSpec, values: list):
 _CPU_ERROR_MAX_ELEMENTS = 1 << 20
 
 
-def _cpu_error(spec: OpSpec, values: list) -> Exception | None:
+def _cpu_error(spec: OpSpec, values: list, layout: str = "strided") -> Exception | None:
     """The error CPU PyTorch gives for the same call (its messages are the familiar ones),
-    found by running the op on CPU tensors of the same metadata; None if it does not fail."""
+    found by running the op on zero CPU tensors of the same metadata; None if it does not
+    fail. `layout`: "strided", with the same strides; "aliased", also sharing storages as
+    these do; "dense", contiguous."""
+    storages: dict[int, torch.Tensor] = {}
+    same: dict[int, torch.Tensor] = {}  # one CPU tensor per tensor (PyTorch checks identity)
 
     def cpu(v):
+        if isinstance(v, torch.Tensor) and v.device.type == _PJRT and layout == "aliased":
+            if id(v) in same:
+                return same[id(v)]
+            s = v.untyped_storage()
+            host = storages.get(s.data_ptr())
+            if host is None:
+                host = storages[s.data_ptr()] = torch.zeros(s.nbytes(), dtype=torch.uint8)
+            same[id(v)] = torch.empty(0, dtype=v.dtype).set_(
+                host.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+            return same[id(v)]
+        if isinstance(v, torch.Tensor) and v.device.type == _PJRT and layout == "dense":
+            return torch.zeros(v.shape, dtype=v.dtype)
         if isinstance(v, torch.Tensor) and v.device.type == _PJRT:
             return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).zero_()
         if isinstance(v, list):
@@ -64,14 +82,36 @@ def _cpu_error(spec: OpSpec, values: list) -> Exception | None:
             return None
         return v
 
-    total = sum(t.numel() for t in flat_tensors(values) if t.device.type == _PJRT)
-    if total > _CPU_ERROR_MAX_ELEMENTS:
+    tensors = [t for t in flat_tensors(values) if t.device.type == _PJRT]
+    if sum(t.numel() for t in tensors) > _CPU_ERROR_MAX_ELEMENTS:
         return None
+    if layout == "aliased" and sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                                    for t in tensors}.values()) > 8 * _CPU_ERROR_MAX_ELEMENTS:
+        return None  # (a small view of a large storage: not worth a host copy of it)
     try:
         _call_op(spec, [cpu(v) for v in values])
     except Exception as e:  # noqa: BLE001
         return e
     return None
+
+
+def overlap_error(spec: OpSpec, values: list, storages: int) -> Exception | None:
+    """The CPU's error for a call that writes a tensor overlapping itself or another
+    argument (CPU kernels refuse most: "unsupported operation: ... refer to a single memory
+    location"), found by running the op on CPU tensors aliased as these are, where the
+    same call on dense tensors runs; None when nothing aliases or the CPU accepts it.
+    `storages`: how many storages the call's tensors use."""
+    if not spec.mutated or spec.op.namespace != "aten":
+        return None
+    tensors = [t for t in flat_tensors(values) if t.device.type == _PJRT]
+    written = [t for pos in spec.mutated for t in flat_tensors(values[pos])]
+    if storages == len(tensors) and not any(
+            t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1 for t in written):
+        return None
+    error = _cpu_error(spec, values, "aliased")
+    if error is None or _cpu_error(spec, values, "dense") is not None:
+        return None  # (zero data may be an error of its own: then it is not the layout's)
+    return error
 
 
 def flat_tensors(x) -> list[torch.Tensor]:

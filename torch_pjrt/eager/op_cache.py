@@ -13,7 +13,7 @@ from ..runtime import client, compile_cache, cpu_kernels, watch
 from ..storage import dtypes, table
 from . import opspec, recompiles
 from .call_key import Call, signature_text, tensor_parts
-from .meta import flat_tensors, fresh_outputs, run_meta
+from .meta import flat_tensors, fresh_outputs, overlap_error, run_meta
 from .opspec import OPT_TENSOR_LIST, TENSOR, TENSOR_LIST
 from .trace import make_trace
 
@@ -81,6 +81,9 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     writes, the buffers it donates, its traced lowering (compiled at the first launch)."""
     spec, values = call.spec, call.values
     metas, meta_out = run_meta(spec, values)
+    overlap = overlap_error(spec, values, len(call.recs))
+    if overlap is not None:
+        raise overlap
     entry = Entry()
 
     # Out tensors PyTorch would resize: resize them, then run again.

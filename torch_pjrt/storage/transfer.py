@@ -44,7 +44,7 @@ def host_to_device(t: torch.Tensor, device: int) -> jax.Array:
     counters.count("host_to_device_bytes", t.numel() * t.element_size())
     # The transfer is asynchronous and reads the host memory later: give it a
     # private copy, so the caller may modify its CPU tensor right away.
-    host = np.array(to_numpy(t).reshape(-1), copy=True)
+    host = np.array(to_numpy(t.reshape(-1)), copy=True)  # (numpy: at most 64 dimensions)
     if watch.profiling:
         return _traced_put(host, device)
     return jax.device_put(host, client.device(device), may_alias=False)

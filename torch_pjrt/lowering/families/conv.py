@@ -88,8 +88,22 @@ def _add_bias(out, bias):
     return out + bias.reshape((1, -1) + (1,) * (out.ndim - 2)).astype(out.dtype)
 
 
+def _check_params(stride, padding, dilation, output_padding) -> None:
+    """The CPU kernel's checks of the parameters, in its order (PyTorch's meta kernel for
+    convolution has none of them)."""
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
+    if any(p < 0 for p in output_padding):
+        raise RuntimeError("negative output_padding is not supported")
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError("dilation should be greater than zero")
+
+
 @lower(aten.convolution.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    _check_params(stride, padding, dilation, output_padding)
     stride, padding, dilation, output_padding = _per_dim(
         x.ndim - 2, stride, padding, dilation, output_padding)
     if transposed:

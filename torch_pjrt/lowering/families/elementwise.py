@@ -425,7 +425,18 @@ def lcm(x, y):
 
 
 @lower(aten.complex.default)
-def complex_(real, imag):
+def complex_(real, imag, *, meta):
+    # The CPU kernel's checks (PyTorch's meta kernel promotes instead); with out=, meta is
+    # the out tensor.
+    if real.dtype != imag.dtype:
+        raise RuntimeError(f"Expected object of scalar type {checks.type_name(real.dtype)} but "
+                           f"got scalar type {checks.type_name(imag.dtype)} for second argument")
+    expected = {"float32": jnp.dtype("complex64"), "float64": jnp.dtype("complex128")}.get(
+        str(real.dtype))
+    if expected is not None and meta[0].dtype != expected:
+        raise RuntimeError(f"Expected object of scalar type {checks.type_name(expected)} but "
+                           f"got scalar type {checks.type_name(meta[0].dtype)} for argument "
+                           "'out'")
     return lax.complex(*jnp.broadcast_arrays(real, imag))
 
 

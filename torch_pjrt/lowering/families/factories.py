@@ -210,6 +210,8 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, key, meta)
                            f"{type_name(p.dtype)}")
     if meta[0].dtype != jnp.int64:
         raise RuntimeError(f"multinomial expects Long tensor out, got: {type_name(meta[0].dtype)}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
     if not replacement and num_samples > p.shape[-1]:
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
                            "replacement")

@@ -147,8 +147,23 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     return out
 
 
+def _check_slices(x, dim, source) -> None:
+    """The CPU's check that source and self agree outside `dim` (PyTorch's meta kernel for
+    index_add, a Python decomposition, does not make it)."""
+    wrapped = dim % max(x.ndim, 1)
+
+    def sliced(shape):
+        return [n for d, n in enumerate(shape) if d != wrapped]
+
+    if sliced(x.shape) != sliced(source.shape):
+        raise RuntimeError("source tensor shape must match self tensor shape, excluding the "
+                           f"specified dimension. Got self.shape = {list(x.shape)} source.shape "
+                           f"= {list(source.shape)}")
+
+
 @lower(aten.index_add.default, promote="result", operands=("self", "source", "alpha"))
 def index_add(x, dim, index, source, *, alpha=1):
+    _check_slices(x, dim, source)
     if x.ndim == 0:
         return x + alpha * jnp.sum(source)
     dim = dim % x.ndim

@@ -15,6 +15,7 @@ import torch
 from jax import lax
 
 from ...storage import dtypes
+from ..checks import cpp_type_name
 from ..registry import lower
 from ._ops import aten, is_complex, is_int
 
@@ -106,7 +107,11 @@ def min_(x):
 
 
 @lower(aten.aminmax.default)
-def aminmax(x, *, dim=None, keepdim=False):
+def aminmax(x, *, dim=None, keepdim=False, meta=None):
+    for out in meta or ():  # with out=: the CPU kernel wants out tensors of x's dtype
+        if out.dtype != x.dtype:
+            raise RuntimeError(f"Expected out tensor to have dtype {cpp_type_name(x.dtype)}, but "
+                               f"got {cpp_type_name(out.dtype)} instead")
     if dim is None:
         _no_identity(x, "aminmax")
         axes = tuple(range(x.ndim))
@@ -286,11 +291,16 @@ def _log_add_exp(a, b):
     return jnp.where((lo != hi) | jnp.isfinite(lo), hi + jnp.log1p(jnp.exp(lo - hi)), a)
 
 
+def _logcumsumexp_meta(x, dim):
+    torch._prims_common.canonicalize_dim(x.ndim, dim)  # IndexError, as the CPU kernel
+    return torch.empty_like(x)
+
+
 def _register_missing_meta() -> None:
     """PyTorch has no meta kernel for _logcumsumexp; the executor needs one."""
     if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_logcumsumexp", "Meta"):
         lib = torch.library.Library("aten", "IMPL", "Meta")
-        lib.impl("_logcumsumexp", lambda x, dim: torch.empty_like(x))
+        lib.impl("_logcumsumexp", _logcumsumexp_meta)
         _meta_libs.append(lib)
 
 

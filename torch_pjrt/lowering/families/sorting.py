@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..checks import require
+from ..checks import require, type_name
 from ..registry import lower
 from ._ops import aten
 
@@ -244,6 +244,8 @@ def searchsorted(sorted_sequence, x, *, out_int32=False, right=False, side=None,
 @lower(aten.bucketize.Tensor, aten.bucketize.Scalar, promote="default",
        operands=("self", "boundaries"))
 def bucketize(x, boundaries, *, out_int32=False, right=False):
+    if boundaries.ndim != 1:  # the CPU kernel's check (not in PyTorch's meta kernel)
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     return _bound(boundaries, x, right)
 
 
@@ -295,6 +297,9 @@ def _int_histc(x, bins, min, max):
 @lower(aten.masked_scatter.default, promote="result", operands=("self", "source"))
 def masked_scatter(x, mask, source, meta):
     """Fill the True positions of `mask` (in row-major order) with source's leading elements."""
+    if mask.dtype != jnp.bool_:  # the CPU kernel's check (not in PyTorch's meta kernel)
+        raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with dtype "
+                           f"{type_name(mask.dtype)}")
     shape = meta[0].shape
     x = jnp.broadcast_to(x, shape)
     mask = jnp.broadcast_to(mask, shape).reshape(-1)
