@@ -189,10 +189,28 @@ def _log_losses() -> None:
     original = cls.log
 
     def log(self, step, global_avg_loss, *args, **kwargs):
-        print(f"titan-loss rank={os.environ.get('RANK', '0')} step={step} loss={float(global_avg_loss):.6f}", flush=True)
+        rank = os.environ.get("RANK", "0")
+        print(f"titan-loss rank={rank} step={step} loss={float(global_avg_loss):.6f}",
+              flush=True)
         return original(self, step, global_avg_loss, *args, **kwargs)
 
     cls.log = log
+
+
+def _checkpoint_args(seed: str | None) -> list[str]:
+    """No checkpoints; or create the seed checkpoint (one process); or start from it."""
+    if seed is None:
+        return ["--checkpoint.no-enable"]
+    seed = os.path.abspath(seed)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return ["--checkpoint.enable", "--checkpoint.create-seed-checkpoint",
+                "--checkpoint.folder", seed]
+    if not os.path.isdir(os.path.join(seed, "step-0")):
+        raise SystemExit(f"torchtitan_run.py: no seed checkpoint at {seed}/step-0: write it "
+                         "first with one process (--nproc-per-node 1)")
+    return ["--checkpoint.enable", "--checkpoint.load-only",
+            "--checkpoint.initial-load-path", os.path.join(seed, "step-0"),
+            "--checkpoint.folder", os.path.join(os.path.dirname(seed), "unused-checkpoints")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,6 +222,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("pjrt", "cpu"), default="pjrt")
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--seed-checkpoint", metavar="DIR",
+                   help="one process: write the initial weights to DIR (TorchTitan's seed "
+                        "checkpoint); several: start from DIR/step-0 (no other checkpoint)")
     p.add_argument("--work-dir", default=os.environ.get("TMPDIR", "/tmp") + "/torchtitan-run")
     args = p.parse_args(argv)
 
@@ -239,8 +260,8 @@ def main(argv: list[str] | None = None) -> None:
                 "--training.local-batch-size", "2", "--debug.seed", "42",
                 "--parallelism.spmd-backend", "partial_dtensor",
                 "--optimizer.implementation", "foreach",
-                "--checkpoint.no-enable", "--validator.no-enable",
-                ] + rest
+                "--validator.no-enable",
+                ] + _checkpoint_args(args.seed_checkpoint) + rest
     from torchtitan.train import main as titan_main
     titan_main()
     del torch

@@ -40,3 +40,21 @@ def test_out_of_memory_is_torch_out_of_memory_error():
     # the failed allocation left nothing behind
     x = torch.ones(4, device="pjrt")
     assert x.sum().item() == 4
+
+
+def test_cuda_allocator_keys_that_training_loops_read():
+    """TorchTitan's memory monitor reads these keys of torch.cuda.memory_stats() and
+    get_device_properties(d).total_memory."""
+    gc.collect()
+    torch.pjrt.reset_peak_memory_stats()
+    base = torch.pjrt.memory_allocated()
+    x = torch.empty(1000, 1000, device="pjrt")
+    del x
+    gc.collect()
+    stats = torch.pjrt.memory_stats(0)
+    assert stats["active_bytes.all.current"] == stats["reserved_bytes.all.current"] == base
+    assert stats["active_bytes.all.peak"] == stats["reserved_bytes.all.peak"] >= base + 4_000_000
+    assert stats["num_alloc_retries"] == 0 and stats["num_ooms"] >= 0
+    props = torch.pjrt.get_device_properties(torch.device("pjrt", 0))
+    assert props.total_memory == stats["bytes_limit"] > 0
+    assert props.name == torch.pjrt.get_device_name(0)

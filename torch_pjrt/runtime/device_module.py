@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device",
-    "device", "synchronize", "get_device_name", "manual_seed", "manual_seed_all", "seed",
+    "device", "synchronize", "get_device_name", "get_device_properties",
+    "manual_seed", "manual_seed_all", "seed",
     "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all",
     "set_rng_state_all", "default_generators", "memory_allocated", "max_memory_allocated",
     "reset_peak_memory_stats", "memory_stats", "memory_reserved", "empty_cache",
@@ -100,6 +101,26 @@ def get_device_name(device: Any = None) -> str:
 
     d = client.device(_index(device))
     return f"{d.platform}:{d.device_kind}"
+
+
+class DeviceProperties(NamedTuple):
+    """What torch.cuda.get_device_properties() gives that a PJRT device has."""
+
+    name: str
+    type: str
+    total_memory: int
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    """Name, platform and bytes torch-pjrt may hold (TORCH_PJRT_MEMORY_LIMIT or the device's
+    own limit) of a pjrt device."""
+    _runtime()
+    from . import client, memory
+
+    index = _index(device)
+    d = client.device(index)
+    return DeviceProperties(f"{d.platform}:{d.device_kind}", d.platform,
+                            memory.device(index).limit)
 
 
 # ----------------------------------------------------------------------- RNG

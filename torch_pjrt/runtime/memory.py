@@ -103,14 +103,22 @@ def reset_peak(index: int) -> None:
 
 
 def stats(index: int) -> dict[str, int]:
-    """The subset of torch.cuda.memory_stats() keys that make sense for PJRT buffers."""
+    """The subset of torch.cuda.memory_stats() keys that make sense for PJRT buffers.
+
+    XLA frees a buffer when its last reference dies and keeps no cache, so the active and
+    reserved bytes are the allocated ones and an allocation is never retried."""
     m = device(index)
     return {
         "allocated_bytes.all.current": m.allocated,
         "allocated_bytes.all.peak": m.peak,
+        "active_bytes.all.current": m.allocated,
+        "active_bytes.all.peak": m.peak,
+        "reserved_bytes.all.current": m.allocated,
+        "reserved_bytes.all.peak": m.peak,
         "allocation.all.allocated": m.allocs,
         "allocation.all.freed": m.frees,
         "allocation.all.current": m.allocs - m.frees,
+        "num_alloc_retries": 0,
         "num_ooms": m.ooms,
         "bytes_limit": m.limit,
     }
