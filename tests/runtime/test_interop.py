@@ -60,3 +60,17 @@ def test_save_whole_module_and_views():
     b, v = torch.load(buf, map_location="pjrt")
     v.fill_(-1)  # the saved view still aliases its base after loading
     assert b.cpu()[2:5].tolist() == [-1, -1, -1]
+
+
+def test_moving_a_cpu_tensor_leaves_it_resizable():
+    """x.to("pjrt") copies x and leaves x as it was: its storage stays resizable, so an
+    out= or resize_ on it works afterwards (a transfer through x.numpy() had tied it to
+    numpy: 'Trying to resize storage that is not resizable'; found by the fuzzer)."""
+    for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.complex64):
+        x = torch.ones(2, 3, dtype=dtype)
+        assert torch.equal(x.t().to("pjrt").cpu(), x.t())
+        assert torch.equal(x.to("pjrt").cpu(), x)
+        x.resize_(10)
+        out = torch.empty(0, dtype=dtype)
+        out.to("pjrt")
+        torch.add(x, x, out=out)

@@ -40,11 +40,18 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
 
 def host_to_device(t: torch.Tensor, device: int) -> jax.Array:
     """A flat device buffer holding the elements of CPU tensor `t` in row-major order."""
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    t = t.detach().resolve_conj().resolve_neg()
     counters.count("host_to_device_bytes", t.numel() * t.element_size())
-    # The transfer is asynchronous and reads the host memory later: give it a
-    # private copy, so the caller may modify its CPU tensor right away.
-    host = np.array(to_numpy(t.reshape(-1)), copy=True)  # (numpy: at most 64 dimensions)
+    # The transfer is asynchronous and reads the host memory later: give it a private
+    # copy, so the caller may modify its CPU tensor right away. torch copies `t` into
+    # memory numpy owns: t.numpy() would tie the caller's storage to numpy and make it
+    # no longer resizable (its out= and resize_ would then fail on the CPU).
+    carrier = _CARRIER.get(t.dtype)
+    source = t.view(carrier) if carrier is not None else t
+    host = np.empty(t.numel(), dtypes.to_jax(source.dtype))  # 1-d: any number of dims
+    torch.from_numpy(host).view(t.shape).copy_(source)
+    if carrier is not None:
+        host = host.view(dtypes.to_jax(t.dtype))
     if watch.profiling:
         return _traced_put(host, device)
     return jax.device_put(host, client.device(device), may_alias=False)
