@@ -6,7 +6,7 @@
 Everything after `--` goes to TorchTitan unchanged; this script adds the offline assets
 (the test tokenizer from /work/shared/torchtitan-assets or TORCH_PJRT_TITAN_ASSETS, a small
 local `c4_test` stand-in written from the standard library's docstrings), a short run
-(seed 42, seq 256, local batch 2, 5 steps, no checkpoints, no validation) and these
+(seed 42, seq 256, local batch 2, 5 steps, no validation, no checkpoint saved) and these
 workarounds for torchtitan 0.3.0 on torch 2.13, none of which is torch-pjrt's to fix:
 
 - it imports `triton` without declaring it (in its expert-parallel kernels, which the
@@ -18,11 +18,16 @@ workarounds for torchtitan 0.3.0 on torch 2.13, none of which is torch-pjrt's to
   attention as one `scaled_dot_product_attention` with the block mask made dense;
 - gloo refuses FSDP2's PREMUL_SUM reduce-scatter (TorchTitan's gradient divide factor 1):
   on CPU only, SUM then the same division (pjrt runs PREMUL_SUM itself);
-- `--device cpu` runs the same job on CPU tensors over gloo (the reference), where AdamW's
-  fused kernel has no CPU implementation for DTensor: `--optimizer.implementation foreach`
-  on both devices.
+- `--device cpu` runs the same job on CPU tensors over gloo (the reference), with stand-ins
+  for what TorchTitan asks of `torch.cpu` and lacks (device name, capacity, memory
+  statistics, an integer current device for a barrier);
+- `--optimizer.implementation foreach` on both devices, so that both take the same AdamW
+  path (pjrt has `_fused_adamw_`; the fused path was not compared here);
+- `--seed-checkpoint DIR`: TorchTitan's seed checkpoint, written by one CPU process, loaded
+  by every run, so that both devices start from the same weights (each device's random
+  numbers, and DTensor's sharded initialisation on CPU meshes, differ).
 
-Each rank prints `titan-loss step=N loss=X` lines (rank 0's are the run's losses).
+Each rank prints `titan-loss rank=R step=N loss=X` lines (the losses TorchTitan logs).
 """
 
 from __future__ import annotations
