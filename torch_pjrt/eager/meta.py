@@ -88,6 +88,8 @@ def _cpu_error(spec: OpSpec, values: list, layout: str = "strided") -> Exception
     if layout == "aliased" and sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                                     for t in tensors}.values()) > 8 * _CPU_ERROR_MAX_ELEMENTS:
         return None  # (a small view of a large storage: not worth a host copy of it)
+    if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(spec.op.name(), "CPU"):
+        return None  # a device-only op (a fused RNN cell): the CPU would only say it lacks it
     try:
         _call_op(spec, [cpu(v) for v in values])
     except Exception as e:  # noqa: BLE001

@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     nn,
     normalization,
     pooling,
+    recurrent,
     reductions,
     shape,
     sorting,
