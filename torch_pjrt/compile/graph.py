@@ -537,6 +537,9 @@ class CompiledGraph:
             if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
                     and node.args[0] in placeholders:
                 mutations[placeholders.index(node.args[0])] = node.args[1]
+        if any(isinstance(example_inputs[i], torch.Tensor) and example_inputs[i].device.type
+               == "cpu" for i in mutations):  # the executor writes device storages only
+            raise Unsupported("an in-place update of a CPU tensor (an optimizer's step count)")
         # Each output: computed by the program, an input passed through, a view of another
         # output, or None.
         self.sources = []
