@@ -276,3 +276,27 @@ def test_persistent_cache_tells_graphs_apart_across_processes(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         hits = int(out.stdout.split()[-1])
         assert (hits > 0) == warm, (fn, out.stdout)
+
+
+def test_boolean_attention_mask_compiles_to_one_program():
+    """nn.MultiheadAttention turns a boolean mask into a float one with zeros_like (full_like
+    in the graph): the graph still compiles whole, forward and backward."""
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(16, 2, batch_first=True)
+    dev = copy.deepcopy(attn).to("pjrt")
+
+    def f(m, x):
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
+        filled = torch.full_like(x, 0.5) + torch.empty_like(x).fill_(1)
+        return m(x, x, x, attn_mask=mask, need_weights=False)[0] * filled
+
+    x = torch.randn(2, 6, 16)
+    expected = f(attn, x)
+    expected.sum().backward()
+    actual = torch.compile(f, backend="pjrt")(dev, x.to("pjrt"))
+    actual.sum().backward()
+    torch.testing.assert_close(actual.cpu(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dev.in_proj_weight.grad.cpu(), attn.in_proj_weight.grad,
+                               atol=1e-5, rtol=1e-5)
+    assert torch_pjrt.metrics().get("compile_eager_graphs", 0) == 0

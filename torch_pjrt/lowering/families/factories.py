@@ -70,6 +70,18 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return jnp.full(out.shape, fill_value, out.dtype)
 
 
+@lower(aten.full_like.default, eager=False)
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
+              memory_format=None, meta):
+    return jnp.full(meta[0].shape, fill_value, meta[0].dtype)
+
+
+@lower(aten.empty_like.default, eager=False)
+def empty_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None, meta):
+    return jnp.zeros(meta[0].shape, meta[0].dtype)
+
+
 # Backward formulas ask for "efficient" zero tensors; on pjrt they are plain zeros.
 @lower(aten._efficientzerotensor.default)
 def efficient_zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, meta):
