@@ -27,7 +27,7 @@ workarounds for torchtitan 0.3.0 on torch 2.13, none of which is torch-pjrt's to
   by every run, so that both devices start from the same weights (each device's random
   numbers, and DTensor's sharded initialisation on CPU meshes, differ).
 
-Each rank prints `titan-loss rank=R step=N loss=X` lines (the losses TorchTitan logs).
+Rank 0 prints `titan-loss step=N loss=X` lines (the losses TorchTitan logs).
 """
 
 from __future__ import annotations
@@ -194,9 +194,8 @@ def _log_losses() -> None:
     original = cls.log
 
     def log(self, step, global_avg_loss, *args, **kwargs):
-        rank = os.environ.get("RANK", "0")
-        print(f"titan-loss rank={rank} step={step} loss={float(global_avg_loss):.6f}",
-              flush=True)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"titan-loss step={step} loss={float(global_avg_loss):.6f}", flush=True)
         return original(self, step, global_avg_loss, *args, **kwargs)
 
     cls.log = log
