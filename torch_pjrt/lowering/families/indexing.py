@@ -12,14 +12,23 @@ from ..checks import index_in_range, require
 from ..registry import lower
 from ._ops import aten
 
+_MASKS = (jnp.bool_, jnp.uint8)  # index dtypes PyTorch reads as masks
+
+
+def _is_mask(i) -> bool:
+    return i is not None and i.dtype in _MASKS
+
 
 def _advanced_index(x, indices):
-    """x[indices] for PyTorch's list of optional integer index tensors (bools become ints
-    before they reach the device)."""
+    """x[indices] for PyTorch's list of optional integer index tensors (eager turns masks
+    into integer indices before they reach the device; index_put takes them as they are)."""
     idx = []
     for d, i in enumerate(indices):
         if i is None:
             idx.append(slice(None))
+        elif _is_mask(i):  # 0/1 as positions would be a silent wrong result
+            raise RuntimeError(f"pjrt: a boolean mask index (dimension {d}) reached a lowering "
+                               "whose result shape depends on it; index with integer indices")
         else:
             idx.append(index_in_range(i.astype(jnp.int64), x.shape[d], d))
     return tuple(idx)
@@ -30,8 +39,64 @@ def index(x, indices):
     return x[_advanced_index(x, indices)]
 
 
+def _masked_put_index(x, indices, values):
+    """(index tuple, values) for index_put with masks at static shapes (as torch.compile
+    graphs have them): each mask of k dimensions becomes k coordinate arrays of the mask's
+    size, the true coordinates first, the rest one past the end of their dimension (dropped
+    by the scatter); `values`, broadcast to the indexed shape, gets its count axis padded
+    to match."""
+    idx, d, count, slots, masked = [], 0, None, None, range(0)
+    for i in indices:
+        if i is None:
+            idx.append(slice(None))
+            d += 1
+        elif _is_mask(i):
+            if i.ndim == 0 or count is not None:
+                raise RuntimeError("pjrt: index_put with a 0-d mask or several masks under "
+                                   "torch.compile is not supported (it is in eager mode)")
+            mask = i.astype(jnp.bool_)
+            slots, count = mask.size, jnp.sum(mask)
+            ends = tuple(x.shape[d:d + mask.ndim])
+            masked = range(len(idx), len(idx) + mask.ndim)
+            idx.extend(jnp.nonzero(mask, size=slots, fill_value=ends))
+            d += mask.ndim
+        else:
+            idx.append(index_in_range(i.astype(jnp.int64), x.shape[d], d))
+            d += 1
+    arrays = [k for k, v in enumerate(idx) if not isinstance(v, slice)]
+    for k in arrays[:]:  # integer indices broadcast with the count (their last axis)
+        i = idx[k]
+        if k not in masked and i.ndim and i.shape[-1] != 1:
+            require(i.shape[-1] == count, IndexError,
+                    f"shape mismatch: indexing tensors could not be broadcast together "
+                    f"(an index of shape {list(i.shape)} and a mask's count of True)")
+            pad = [(0, 0)] * (i.ndim - 1) + [(0, max(slots - i.shape[-1], 0))]
+            idx[k] = jnp.pad(i, pad, constant_values=x.shape[k])
+    adjacent = arrays == list(range(arrays[0], arrays[-1] + 1))
+    shape = jnp.broadcast_shapes(*(idx[k].shape for k in arrays))
+    rest = [n for k, n in enumerate(x.shape) if k >= len(idx) or isinstance(idx[k], slice)]
+    first = arrays[0] if adjacent else 0
+    out_shape = (*rest[:first], *shape, *rest[first:])
+    axis = first + len(shape) - 1  # the count axis (masks give 1-d coordinate arrays)
+    from_right = len(out_shape) - 1 - axis
+    if values.ndim > from_right and values.shape[values.ndim - 1 - from_right] != 1:
+        v_axis = values.ndim - 1 - from_right
+        require(values.shape[v_axis] == count, RuntimeError,
+                f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
+                "broadcast to the indexing result (the mask's count of True)")
+        pad = [(0, 0)] * values.ndim
+        pad[v_axis] = (0, max(slots - values.shape[v_axis], 0))
+        values = jnp.pad(values, pad)
+    return tuple(idx), jnp.broadcast_to(values, out_shape)
+
+
 @lower(aten.index_put.default, promote="result", operands=("self", "values"))
 def index_put(x, indices, values, accumulate=False):
+    if any(_is_mask(i) for i in indices):
+        idx, values = _masked_put_index(x, indices, values)
+        if accumulate:
+            return x.at[idx].add(values, mode="drop")
+        return x.at[idx].set(values, mode="drop")
     idx = _advanced_index(x, indices)
     if accumulate:
         return x.at[idx].add(values)
