@@ -48,3 +48,16 @@ def test_saved_views_of_inputs_are_views_not_copies():
     torch.tanh(x @ w.t()).sum().backward()
     torch.testing.assert_close(wd.grad.cpu(), w.grad, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(xd.grad.cpu(), x.grad, atol=2e-4, rtol=1e-4)
+
+
+def test_as_strided_over_a_partial_view_reads_its_storage():
+    """as_strided addresses the input's storage, not the view: over a view that covers part
+    of its storage it reads the elements beyond the view, as on the CPU."""
+    def f(x):
+        return x.as_strided((3, 3), (1, 3), 2) * 2
+
+    base = torch.arange(20.0)
+    view = base[4:10]
+    dev = base.to("pjrt")[4:10]
+    for fn in (f, torch.compile(f, backend="pjrt", dynamic=False)):
+        torch.testing.assert_close(fn(dev).cpu(), f(view))

@@ -459,6 +459,27 @@ def _input_view(node, placeholders: list, mutations: dict) -> tuple | None:
     return placeholders.index(node), steps[::-1]
 
 
+def _check_strided_inputs(gm: torch.fx.GraphModule, placeholders: list) -> None:
+    """as_strided's lowering addresses its input's values as a dense buffer: true of what
+    the graph computes, not of an input that is a view (its storage has other elements,
+    which as_strided may read) nor of a view of an input. Such graphs run op by op."""
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.as_strided.default):
+        src = node.args[0]
+        if src not in placeholders:
+            while isinstance(src, torch.fx.Node) and src.op == "call_function" \
+                    and _is_view(src.target):
+                src = src.args[0]
+            if src in placeholders:
+                raise Unsupported("as_strided over a view of a graph input")
+            continue
+        m = src.meta.get("val")
+        if not isinstance(m, torch.Tensor) or _is_symbolic(m):
+            raise Unsupported("as_strided over a graph input of unknown layout")
+        if m.storage_offset() != 0 or not m.is_contiguous() \
+                or m.untyped_storage().nbytes() != m.numel() * m.element_size():
+            raise Unsupported("as_strided over a graph input that is part of its storage")
+
+
 def _is_view(target) -> bool:
     """An ATen view op: its result aliases its first argument, which it does not write."""
     if not isinstance(target, torch._ops.OpOverload):
@@ -537,6 +558,7 @@ class CompiledGraph:
             if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
                     and node.args[0] in placeholders:
                 mutations[placeholders.index(node.args[0])] = node.args[1]
+        _check_strided_inputs(gm, placeholders)
         if any(isinstance(example_inputs[i], torch.Tensor) and example_inputs[i].device.type
                == "cpu" for i in mutations):  # the executor writes device storages only
             raise Unsupported("an in-place update of a CPU tensor (an optimizer's step count)")
