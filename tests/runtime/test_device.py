@@ -95,7 +95,7 @@ def test_synchronize_runs_the_pending_graph_and_raises_device_errors(sync):
         assert graph.pending_ops() == 0
         assert not getattr(table.record_of(y).value, "pending", False)
         x[torch.tensor([7], device="pjrt")]
-        with pytest.raises(IndexError, match="out of range"):
+        with pytest.raises(IndexError, match="is out of bounds for dimension 0 with size 4"):
             synchronize()
         synchronize()  # reported once
 
