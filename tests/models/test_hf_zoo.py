@@ -23,10 +23,7 @@ ADAMW_STEPS = 3
 
 
 # Known failures, one reason each (bugs of ours, noted for a fix).
-XFAIL = {
-    ("mistral", "dynamic", "compiled"): "BackendCompilerFailed: a graph node whose target is "
-    "a Python function (no _schema) reaches compile/graph.py once shapes turn dynamic",
-}
+XFAIL: dict[tuple, str] = {}
 
 
 def _case(values, ci: bool):

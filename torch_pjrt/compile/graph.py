@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.fx
 
@@ -52,9 +53,18 @@ def fingerprint(gm: torch.fx.GraphModule, *settings) -> str:
         if node.op == "get_attr":
             value = getattr(gm, node.target, None)
             if isinstance(value, torch.Tensor):
-                h.update(value.detach().cpu().contiguous().numpy().tobytes())
+                h.update(_bytes(value).tobytes())
     h.update(repr(settings).encode())
     return h.hexdigest()[:24]
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """A real tensor's bytes (bfloat16 has no numpy dtype), read outside the fake tensor
+    mode AOTAutograd compiles under."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 class Unsupported(Exception):
@@ -140,6 +150,20 @@ def _is_symbolic(m) -> bool:
 _SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
              operator.truediv, operator.neg, operator.eq, operator.ne, operator.lt,
              operator.le, operator.gt, operator.ge, operator.pow}
+_NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _is_host_number(node: torch.fx.Node) -> bool:
+    """A call of a plain Python function (torch.sym_max, math.floor, operator.*) that
+    computes a number from sizes and numbers: evaluated on the host while the program is
+    traced, as Python would (its inputs are known then), never a lowering."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket,
+                                torch._ops.HigherOrderOperator)):
+        return False
+    return isinstance(node.meta.get("val"), _NUMBERS) and not any(
+        isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes)
 
 
 class _NodePlan:
@@ -187,8 +211,13 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
             except NotImplementedError as e:
                 raise Unsupported(str(e)) from None
         elif node.op == "call_function" and node.target is not operator.getitem \
-                and node.target not in _SIZE_OPS and node.target not in _SIZE_QUERIES:
+                and not _is_size_node(node):
+            if not isinstance(node.target, torch._ops.OpOverload):
+                raise Unsupported(f"a call of {getattr(node.target, '__name__', node.target)}"
+                                  " on tensors")
             plans[node] = _NodePlan(node, i)
+    host = {n for n in gm.graph.nodes if _is_host_number(n)}
+    constants = {n: _constant(gm, n) for n in gm.graph.find_nodes(op="get_attr")}
     random = any(p.spec.lowering.random for p in plans.values())
     products = any(p.spec.lowering.products for p in plans.values())
     placeholder_metas = [p.meta.get("val") for p in placeholders]
@@ -210,14 +239,18 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
             return a
 
         for node in gm.graph.nodes:
+            if node.op == "get_attr":  # a tensor the graph holds (torch.tensor([1, 2]))
+                env[node] = constants[node]
+                continue
             if node.op != "call_function":
                 continue
             target = node.target
             if target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
                 continue
-            if target in _SIZE_OPS:
-                env[node] = target(*(value(a) for a in node.args))
+            if target in _SIZE_OPS or node in host:
+                env[node] = target(*(value(a) for a in node.args),
+                                   **{k: value(v) for k, v in node.kwargs.items()})
                 continue
             if target in _SIZE_QUERIES:
                 env[node] = _SIZE_QUERIES[target](*(value(a) for a in node.args))
@@ -262,6 +295,16 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
     return run, random, products
 
 
+def _constant(gm: torch.fx.GraphModule, node: torch.fx.Node):
+    """A get_attr node's tensor as an array of the program (a constant in it)."""
+    value = getattr(gm, node.target, None)
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+        raise Unsupported(f"a graph attribute {node.target} that is not a dense tensor")
+    raw = _bytes(value)
+    return jnp.asarray(np.frombuffer(raw.tobytes(), dtype=dtypes.to_jax(value.dtype))
+                       .reshape(tuple(value.shape)))
+
+
 # ------------------------------------------------------------- bucketed sizes
 def _masked(node: torch.fx.Node, values: list, rule: buckets.NodeRule, plan: buckets.Plan,
             truth: buckets.Truth) -> list:
@@ -289,7 +332,7 @@ _warned: set[str] = set()
 
 
 def _is_size_node(node: torch.fx.Node) -> bool:
-    return node.target in _SIZE_OPS or node.target in _SIZE_QUERIES
+    return node.target in _SIZE_OPS or node.target in _SIZE_QUERIES or _is_host_number(node)
 
 
 def _shape_symbols(metas: list) -> list:
@@ -517,6 +560,26 @@ def _apply_views(t: torch.Tensor, steps: list) -> torch.Tensor:
     return t
 
 
+def _normalize(gm: torch.fx.GraphModule) -> None:
+    """Ops that reach compiled graphs only, rewritten in place to the ATen ops with a
+    lowering that mean the same: the copy of a tensor constant (torch.tensor([1, 2]) in
+    the traced code), and the prims cast that decompositions of Python float math on
+    sizes (math.sqrt(x.shape[-1])) leave."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is _aten.lift_fresh_copy.default:
+            node.target = _aten.clone.default
+            changed = True
+        elif node.target is torch.ops.prims.convert_element_type.default:
+            x, dtype = node.args
+            node.target, node.args, node.kwargs = _aten._to_copy.default, (x,), {"dtype": dtype}
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def _describe(name: str, gm: torch.fx.GraphModule, lines: dict) -> None:
     """What the graph's programs hold, for profiles, dumps and the report: each node with
     its target and the user's line Dynamo traced it from (a backward node: its forward's)."""
@@ -545,6 +608,7 @@ class CompiledGraph:
         rebuilds it from a stored copy, whose printout may differ in symbol names).
         `lines`: the user's line of each node of Dynamo's graph, by name (for profiles and
         dumps; a graph from the AOTAutograd cache has none)."""
+        _normalize(gm)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if not any(isinstance(ex, torch.Tensor) for ex in example_inputs):
             # the dispatcher finds a backend through tensor arguments: none, no operator

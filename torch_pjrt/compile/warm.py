@@ -216,7 +216,8 @@ def _constants_digest(gm: torch.fx.GraphModule) -> str:
         value = getattr(gm, node.target, None)
         if isinstance(value, torch.Tensor) and node.target not in inputs:
             h.update(node.target.encode())
-            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                     .numpy().tobytes())  # (bytes: bfloat16 has no numpy dtype)
     return h.hexdigest()
 
 
