@@ -39,3 +39,97 @@ def test_index_out_of_range_is_an_error_not_a_clamp():
     with pytest.raises(IndexError, match="index -5 is out of bounds"):
         d[torch.tensor([-5], device="pjrt")].tolist()
     assert d[torch.tensor([-1], device="pjrt")].item() == 3.0
+
+
+# Calls whose meta function passes and whose CPU kernel raises: the checks only the kernel
+# makes (eager/meta.py cpu_check). Each runs on the CPU and on pjrt: the same exception type.
+def _overlap_cat(x):
+    return torch.cat([x, x], out=x)
+
+
+KERNEL_CHECKS = {
+    "in-place result dtype": lambda x: x.long().mul_(2.5),
+    "in-place bool result": lambda x: (x > 0).mul_(-1.5),
+    "out= partly overlapping an input": lambda x: torch.add(x[:5], 1, out=x[1:]),
+    "copy_ onto an overlapping self": lambda x: x.view(2, 3).expand(2, 2, 3).copy_(
+        torch.ones(2, 2, 3)),
+    "cat into one of its inputs": _overlap_cat,
+    "index_put_ values that do not broadcast": lambda x: x.index_put_(
+        (torch.tensor([0, 1], device=x.device),), torch.ones(3, device=x.device)),
+    "index_select of a 0-dim tensor with several indices": lambda x: x[0].index_select(
+        0, torch.tensor([0, 0], device=x.device)),
+    "copy_ from an empty source": lambda x: x.copy_(torch.ones(0, device=x.device)),
+    "fill_ with a complex number": lambda x: x.long().fill_(1j),
+}
+
+
+@pytest.mark.parametrize("case", list(KERNEL_CHECKS))
+def test_kernel_checks_raise_as_on_cpu(case):
+    fn = KERNEL_CHECKS[case]
+    with pytest.raises(Exception) as cpu:
+        fn(torch.arange(6.0))
+    with pytest.raises(type(cpu.value)) as dev:
+        fn(torch.arange(6.0, device="pjrt"))
+        torch.pjrt.synchronize()
+    assert str(cpu.value).split("\n")[0] in str(dev.value), (cpu.value, dev.value)
+
+
+def test_cat_into_its_input_too_large_for_the_stand_ins():
+    x = torch.zeros(1 << 20, device="pjrt")
+    with pytest.raises(RuntimeError, match="single memory location"):
+        torch.cat([x, x], out=x)
+    assert x.shape == (1 << 20,)
+
+
+@pytest.mark.parametrize("op", ["add", "cat"])
+def test_resized_out_gets_the_inputs_layout(op):
+    def run(device):
+        x = torch.arange(12.0, device=device).view(4, 3).t()
+        out = torch.empty(5, device=device)
+        if op == "add":
+            torch.add(x, 1, out=out)
+        else:
+            torch.cat([x, x], out=out)
+        return out
+    cpu, dev = run("cpu"), run("pjrt")
+    assert (dev.shape, dev.stride()) == (cpu.shape, cpu.stride())
+    torch.testing.assert_close(dev.cpu(), cpu)
+
+
+# Calls whose stand-ins of zeros fail on the CPU, for their data: pjrt runs them as the CPU
+# does (cpu_check counts an error only if it does not depend on the data).
+DATA_DEPENDENT = {
+    "integer division": lambda x: torch.div(x.long() + 1, x.long() + 1, rounding_mode="trunc"),
+    "multinomial": lambda x: torch.multinomial(x + 1, 2, generator=None).shape,
+    "linalg.solve": lambda x: torch.linalg.solve(
+        x.view(2, 3)[:, :2] + torch.eye(2, device=x.device), x.view(2, 3)),
+    "linalg.cholesky": lambda x: torch.linalg.cholesky(torch.eye(3, device=x.device) * (x[0] + 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(DATA_DEPENDENT))
+def test_errors_of_zero_data_are_not_raised(case):
+    cpu = DATA_DEPENDENT[case](torch.arange(6.0))
+    dev = DATA_DEPENDENT[case](torch.arange(6.0, device="pjrt"))
+    if isinstance(cpu, torch.Tensor):
+        torch.testing.assert_close(dev.cpu(), cpu)
+    else:
+        assert dev == cpu
+
+
+def test_mask_assignment_of_a_cpu_number_of_another_dtype():
+    # (PyTorch runs it as masked_fill_: index_put_ itself would refuse the dtypes)
+    def run(device):
+        x = torch.arange(6.0, device=device).view(2, 3)
+        x[x[:, 0] > 1] = torch.tensor(7)
+        return x, torch.index_put(x, (x > 2,), torch.tensor(-1))
+    for cpu, dev in zip(run("cpu"), run("pjrt")):
+        torch.testing.assert_close(dev.cpu(), cpu)
+
+
+def test_number_that_does_not_fit_the_dtype():
+    x = torch.zeros((), dtype=torch.int64, device="pjrt")
+    with pytest.raises(RuntimeError, match="value cannot be converted to type int64_t"):
+        x[...] = 1 + 2j
+    with pytest.raises(RuntimeError, match="value cannot be converted to type uint8_t"):
+        torch.full((2,), 300, dtype=torch.uint8, device="pjrt")

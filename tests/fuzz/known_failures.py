@@ -33,34 +33,6 @@ KNOWN: dict[str, Known] = {
         "a dtype the CPU kernel does not implement (NotImplementedError): the lowering "
         "computes it, or JAX rejects it with its own TypeError/ValueError; " + _CPU_ONLY,
         r"CPU raised NotImplementedError"),
-    "in-place result dtype": Known(
-        "an in-place op whose result dtype cannot be cast to self's (mul_, masked_fill_ "
-        "and others): " + _CPU_ONLY,
-        r"CPU raised RuntimeError \((result type \w+ can't be cast to the desired output "
-        r"type|Found dtype \w+ but expected|Index put requires the source and destination "
-        r"dtypes match|.*with a bool tensor is not supported|\w+\(\): does not support bool)"),
-    "memory overlap": Known(
-        "writing into a tensor that overlaps itself or an input (`unsupported operation: "
-        "... refer to a single memory location`): PyTorch checks storages, which the meta "
-        "tensors pjrt runs the op on do not share",
-        r"CPU raised RuntimeError \(unsupported operation: "),
-    "lowering errors from JAX": Known(
-        "a call PyTorch rejects whose meta function passes: the lowering then fails in JAX "
-        "with JAX's own TypeError or ValueError instead of raising the CPU's error",
-        r"CPU raised \w+ .*pjrt raised (ValueError|TypeError) \(aten\."),
-    "index_select and index_put_ shape errors": Known(
-        "index_select of a 0-dim index tensor with several values, index_put_ of values "
-        "that do not broadcast: " + _CPU_ONLY,
-        r"CPU raised RuntimeError \((shape mismatch: value tensor|index_select\(\): Index to "
-        r"scalar)"),
-    "copy_ from an empty source": Known(
-        "copy_ from an empty tensor into a non-empty one: the meta function does not check "
-        "that the source broadcasts",
-        r"CPU raised RuntimeError \(The size of tensor a \(\d+\) must match the size of tensor "
-        r"b \(0\)", EAGER, r"copy_\("),
-    "index_select negative index": Known(
-        "index_select with a negative index: the CPU raises (it takes none), the lowering "
-        "wraps it", r"CPU raised IndexError \(index out of range in self\), pjrt ran"),
     "index check on an empty result": Known(
         "an out-of-range index that selects no element (the indexed tensor is empty): the "
         "CPU checks only the elements it writes; the device check rejects it",
@@ -74,15 +46,23 @@ KNOWN: dict[str, Known] = {
         "an out= or resize_ that grows a tensor gives it a new storage on pjrt; the CPU grows "
         "the same storage, which its other views keep sharing",
         r"\.(storage|base|same): pjrt ", EAGER, r"resize_|out="),
-    "resized out= strides": Known(
-        "an out= tensor PyTorch resizes gets the strides TensorIterator picks for it (the "
-        "inputs' layout); pjrt resizes it contiguous",
-        r"\.stride: pjrt ", EAGER, r"out="),
+    "cat into its input, after the error": Known(
+        "torch.cat(..., out=x) of x itself: both raise (the overlap), but the CPU has resized "
+        "x first, leaving it larger and partly uninitialized; pjrt leaves x as it was",
+        r"^\w+\.(shape|values|stride|storage|base|same): pjrt ", EAGER,
+        r"torch\.cat\(\[(\w+), \1\], out=\1\)"),
     "scalar value conversion": Known(
         "a Python number that does not fit the dtype it is converted to (fill_ of an "
         "integer tensor with a complex number): the CPU kernel checks the value; pjrt keys "
-        "its programs by the number's type and checks nothing at run time",
+        "its programs by the number's type, and checks the value only at the first call of "
+        "a signature (eager/meta.py cpu_check), not at later ones",
         r"CPU raised RuntimeError \(value cannot be converted to type \w+ without overflow"),
+    "index_put_ of a device value of another dtype": Known(
+        "x[mask] = v with v a one-element tensor of another dtype: the CPU, v being on the "
+        "CPU, runs it as masked_fill_; on pjrt (as on CUDA) v is on the device and "
+        "index_put_ refuses the dtypes (a CPU v is taken as the CPU takes it)",
+        r"CPU ran, pjrt raised RuntimeError \(Index put requires the source and destination "
+        r"dtypes match", EAGER),
     "debug mode after a failed op": Known(
         "debug mode: an op whose CPU comparison raises after the program ran has donated "
         "its written buffer ('Array has been deleted' when read later)",

@@ -215,8 +215,10 @@ def _index_mask_kernels() -> dict:
     first: the native kernel hands those calls (only) to these."""
     return {
         aten.index.Tensor: dynamic.make_index(_via_executor(aten.index.Tensor)),
-        aten.index_put.default: dynamic.make_index_put(_via_executor(aten.index_put.default)),
-        aten.index_put_.default: dynamic.make_index_put(_via_executor(aten.index_put_.default)),
+        aten.index_put.default: dynamic.make_index_put(
+            _via_executor(aten.index_put.default), False),
+        aten.index_put_.default: dynamic.make_index_put(
+            _via_executor(aten.index_put_.default), True),
     }
 
 
@@ -224,7 +226,7 @@ def _data_dependent_kernels() -> dict:
     """Data-dependent ops, and the indexing op with masks the native kernel does not see."""
     return {
         aten._index_put_impl_.default: dynamic.make_index_put(
-            _via_executor(aten.index_put_.default)),
+            _via_executor(aten.index_put_.default), True),
         aten.nonzero.default: dynamic.nonzero,
         aten.masked_select.default: dynamic.masked_select,
         aten._unique2.default: dynamic.unique2,

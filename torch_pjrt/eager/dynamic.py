@@ -68,9 +68,37 @@ def make_index(execute_index):
     return index
 
 
-def make_index_put(execute):
+def _one_bool_mask(x, indices):
+    """The mask of `x[mask] = value` that PyTorch runs as masked_fill_ (one boolean mask on
+    x's device, the other indices None), unsqueezed over the dimensions after it; else None.
+    (CPU PyTorch does so for a one-element value on the CPU, whatever its dtype.)"""
+    mask, dim = None, 0
+    for i in indices:
+        if i is None:
+            dim += 1
+            continue
+        if mask is not None or i.dtype != torch.bool or i.device != x.device:
+            return None
+        for j, n in enumerate(i.shape):
+            if n != x.shape[dim + j]:
+                raise IndexError(f"The shape of the mask {list(i.shape)} at index {j} does not "
+                                 f"match the shape of the indexed tensor {list(x.shape)} at "
+                                 f"index {dim + j}")
+        mask, dim = i, dim + i.dim()
+    if mask is None:
+        return None
+    return mask.reshape(*mask.shape, *[1] * (x.dim() - dim)) if x.dim() > dim else mask
+
+
+def make_index_put(execute, inplace: bool):
     def index_put(x, indices, values, accumulate=False, unsafe=False):
         if _has_mask(indices):
+            mask = None
+            if not accumulate and values.numel() == 1 and values.device.type == "cpu":
+                mask = _one_bool_mask(x, indices)
+            if mask is not None:
+                value = values.item()
+                return x.masked_fill_(mask, value) if inplace else x.masked_fill(mask, value)
             indices = _device_indices(x, indices)
         return execute(x, indices, values, accumulate)
 

@@ -144,8 +144,10 @@ def _execute_miss(call: Call, key: tuple, fast_key: tuple | None = None):
 def _resize_and_run(call: Call, entry: Entry):
     """An out= call whose outputs PyTorch would resize: resized, then called again."""
     spec, values = call.spec, call.values
-    for pos, shape in entry.resize:
+    for pos, shape, stride in entry.resize:
         values[pos].resize_(shape)
+        if values[pos].stride() != stride:
+            values[pos].as_strided_(shape, stride)
     n = spec.n_positional
     return execute(spec, tuple(values[:n]),
                    {a.name: v for a, v in zip(spec.args[n:], values[n:])})

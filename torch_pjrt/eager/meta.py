@@ -1,9 +1,11 @@
 """The op run on meta tensors: PyTorch's own checks and the layout of its outputs,
-without data (and, where it fails, run on CPU tensors for CPU PyTorch's message; where
-it writes into a tensor that overlaps another argument, on aliased CPU tensors for the
-CPU kernels' overlap checks, which meta tensors cannot make)."""
+without data (and, where it fails, run on CPU tensors for CPU PyTorch's message), and on
+small CPU stand-ins, once per signature, for the checks that only CPU kernels make
+(cpu_check)."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -49,31 +51,43 @@ def run_meta(spec: OpSpec, values: list):
 
 
 _CPU_ERROR_MAX_ELEMENTS = 1 << 20
+# The stand-ins of cpu_check, run on every new signature: small enough to cost less than
+# tracing the op (a call over more elements is not checked).
+_CHECK_MAX_ELEMENTS = 1 << 16
 
 
-def _cpu_error(spec: OpSpec, values: list, layout: str = "strided") -> Exception | None:
+def _cpu_error(spec: OpSpec, values: list, layout: str = "strided",
+               fill: int = 0) -> Exception | None:
     """The error CPU PyTorch gives for the same call (its messages are the familiar ones),
-    found by running the op on zero CPU tensors of the same metadata; None if it does not
-    fail. `layout`: "strided", with the same strides; "aliased", also sharing storages as
-    these do; "dense", contiguous."""
+    found by running the op on CPU tensors of the same metadata, their every byte `fill`;
+    None if it does not fail. `layout`: "strided", with
+    the same strides; "aliased", also sharing storages as these do; "dense", contiguous."""
     storages: dict[int, torch.Tensor] = {}
     same: dict[int, torch.Tensor] = {}  # one CPU tensor per tensor (PyTorch checks identity)
 
+    def host(nbytes: int) -> torch.Tensor:
+        return torch.full((nbytes,), fill, dtype=torch.uint8)
+
     def cpu(v):
-        if isinstance(v, torch.Tensor) and v.device.type == _PJRT and layout == "aliased":
+        if isinstance(v, torch.Tensor) and v.device.type == _PJRT and layout != "dense":
             if id(v) in same:
                 return same[id(v)]
-            s = v.untyped_storage()
-            host = storages.get(s.data_ptr())
-            if host is None:
-                host = storages[s.data_ptr()] = torch.zeros(s.nbytes(), dtype=torch.uint8)
+            if layout == "aliased":
+                s = v.untyped_storage()
+                key, nbytes, offset = s.data_ptr(), s.nbytes(), v.storage_offset()
+            else:
+                key, offset = id(v), 0
+                nbytes = 0 if v.numel() == 0 else v.element_size() * (
+                    1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride())))
+            h = storages.get(key)
+            if h is None:
+                h = storages[key] = host(nbytes)
             same[id(v)] = torch.empty(0, dtype=v.dtype).set_(
-                host.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+                h.untyped_storage(), offset, v.shape, v.stride())
             return same[id(v)]
-        if isinstance(v, torch.Tensor) and v.device.type == _PJRT and layout == "dense":
-            return torch.zeros(v.shape, dtype=v.dtype)
         if isinstance(v, torch.Tensor) and v.device.type == _PJRT:
-            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).zero_()
+            t = torch.zeros(v.shape, dtype=v.dtype)
+            return t if fill == 0 else cpu_filled(t)
         if isinstance(v, list):
             return [cpu(x) for x in v]
         if isinstance(v, torch.device) and v.type == _PJRT:
@@ -82,37 +96,57 @@ def _cpu_error(spec: OpSpec, values: list, layout: str = "strided") -> Exception
             return None
         return v
 
+    def cpu_filled(t: torch.Tensor) -> torch.Tensor:
+        torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).fill_(fill)
+        return t
+
     tensors = [t for t in flat_tensors(values) if t.device.type == _PJRT]
     if sum(t.numel() for t in tensors) > _CPU_ERROR_MAX_ELEMENTS:
         return None
     if layout == "aliased" and sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                                     for t in tensors}.values()) > 8 * _CPU_ERROR_MAX_ELEMENTS:
-        return None  # (a small view of a large storage: not worth a host copy of it)
+        layout = "strided"  # (a small view of a large storage: not worth a host copy of it)
     if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(spec.op.name(), "CPU"):
         return None  # a device-only op (a fused RNN cell): the CPU would only say it lacks it
     try:
-        _call_op(spec, [cpu(v) for v in values])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the call itself warns, where it does)
+            _call_op(spec, [cpu(v) for v in values])
     except Exception as e:  # noqa: BLE001
         return e
     return None
 
 
-def overlap_error(spec: OpSpec, values: list, storages: int) -> Exception | None:
-    """The CPU's error for a call that writes a tensor overlapping itself or another
-    argument (CPU kernels refuse most: "unsupported operation: ... refer to a single memory
-    location"), found by running the op on CPU tensors aliased as these are, where the
-    same call on dense tensors runs; None when nothing aliases or the CPU accepts it.
-    `storages`: how many storages the call's tensors use."""
-    if not spec.mutated or spec.op.namespace != "aten":
-        return None
+def cpu_check(spec: OpSpec, values: list, meta_out, storages: int) -> Exception | None:
+    """The CPU kernel's error for a call whose meta function passes: the checks that only
+    the kernel makes (a written tensor overlapping itself or an input, a result dtype the
+    written tensor cannot hold, values that do not broadcast into an index_put_, a Python
+    number that does not fit the dtype...). Run once per new signature, on small CPU
+    stand-ins of the call's tensors, laid out and aliased as they are and zero-filled; an
+    error counts only if the same one comes again on other data (every byte 1: True, small
+    positive numbers, large integers), so that an error of the data (a division by zero, an
+    index out of range) never does: the device checks those when the program runs. None
+    where the CPU runs the call. `storages`: how many storages the call's tensors use (a
+    call that writes into aliased tensors is checked up to a larger size: CPU kernels
+    refuse most overlaps)."""
+    if spec.op.namespace != "aten" or spec.lowering is None or spec.lowering.random \
+            or any(a.kind == GENERATOR for a in spec.args):
+        return None  # (a random op would draw from the CPU's generator)
     tensors = [t for t in flat_tensors(values) if t.device.type == _PJRT]
-    written = [t for pos in spec.mutated for t in flat_tensors(values[pos])]
-    if storages == len(tensors) and not any(
-            t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1 for t in written):
+    limit = _CHECK_MAX_ELEMENTS
+    if spec.mutated and (storages < len(tensors) or any(
+            t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1
+            for pos in spec.mutated for t in flat_tensors(values[pos]))):
+        limit = _CPU_ERROR_MAX_ELEMENTS
+    if sum(t.numel() for t in tensors) + sum(
+            t.numel() for t in flat_tensors(meta_out)) > limit:
         return None
     error = _cpu_error(spec, values, "aliased")
-    if error is None or _cpu_error(spec, values, "dense") is not None:
-        return None  # (zero data may be an error of its own: then it is not the layout's)
+    if error is None or isinstance(error, (torch.linalg.LinAlgError, NotImplementedError)):
+        return None
+    again = _cpu_error(spec, values, "aliased", fill=1)
+    if type(again) is not type(error) or str(again) != str(error):
+        return None
     return error
 
 

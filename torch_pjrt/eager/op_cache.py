@@ -13,7 +13,7 @@ from ..runtime import client, compile_cache, cpu_kernels, watch
 from ..storage import dtypes, table
 from . import opspec, recompiles
 from .call_key import Call, signature_text, tensor_parts
-from .meta import flat_tensors, fresh_outputs, overlap_error, run_meta
+from .meta import cpu_check, flat_tensors, fresh_outputs, run_meta
 from .opspec import OPT_TENSOR_LIST, TENSOR, TENSOR_LIST
 from .trace import make_trace
 
@@ -81,17 +81,21 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     writes, the buffers it donates, its traced lowering (compiled at the first launch)."""
     spec, values = call.spec, call.values
     metas, meta_out = run_meta(spec, values)
-    overlap = overlap_error(spec, values, len(call.recs))
-    if overlap is not None:
-        raise overlap
+    error = cpu_check(spec, values, meta_out, len(call.recs))
+    if error is not None:
+        raise error
     entry = Entry()
 
-    # Out tensors PyTorch would resize: resize them, then run again.
+    # Out tensors PyTorch would resize: resize them (to the strides of the functional op's
+    # results, as PyTorch's kernels do: TensorIterator's follow the inputs' layout; the
+    # out= meta functions resize contiguous), then run again.
     if spec.is_out:
-        resize = [(pos, tuple(metas[pos].shape)) for pos in spec.mutated
-                  if spec.args[pos].kind == TENSOR
+        strides = _fresh_strides(spec, metas)
+        resize = [(pos, tuple(metas[pos].shape), strides.get(pos, tuple(metas[pos].stride())))
+                  for pos in spec.mutated if spec.args[pos].kind == TENSOR
                   and tuple(metas[pos].shape) != tuple(values[pos].shape)]
         if resize:
+            _refuse_resizing_an_input(spec, values, resize)
             entry.resize = resize
             return entry
 
@@ -159,6 +163,38 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.alone = not spec.lowering.eager
     entry.signature = signature_text(spec, key)
     return entry
+
+
+def _fresh_strides(spec, metas: list) -> dict[int, tuple]:
+    """{out= argument: the strides of the functional op's result in its place}, or {}
+    where there is no functional op or its results do not pair with the out= arguments."""
+    functional = opspec._functional_counterpart(spec.op)
+    if functional is None:
+        return {}
+    kw = {a.name: m for i, (a, m) in enumerate(zip(spec.args, metas)) if i not in spec.mutated}
+    try:
+        results = flat_tensors(functional(**kw))
+    except Exception:  # noqa: BLE001 - then the meta kernel's strides stand
+        return {}
+    outs = [pos for pos in spec.mutated if spec.args[pos].kind == TENSOR]
+    if len(results) != len(outs):
+        return {}
+    return {pos: tuple(r.stride()) for pos, r in zip(outs, results)
+            if tuple(r.shape) == tuple(metas[pos].shape)}
+
+
+def _refuse_resizing_an_input(spec, values: list, resize: list) -> None:
+    """An out= tensor to resize that shares its storage with an input (torch.cat(..., out=x)
+    of x itself, too large for cpu_check's stand-ins): the CPU refuses the overlap; resizing
+    it would grow the input too, and the call again, forever."""
+    outs = {values[pos].untyped_storage().data_ptr() for pos, _, _ in resize}
+    for i, v in enumerate(values):
+        if i not in spec.mutated and any(t.untyped_storage().data_ptr() in outs
+                                         for t in flat_tensors(v)):
+            raise RuntimeError(
+                f"{spec.op}: unsupported operation: some elements of the input tensor and the "
+                "written-to tensor refer to a single memory location. Please clone() the "
+                "tensor before performing the operation.")
 
 
 class _Launcher:

@@ -110,11 +110,12 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 
 @lower(aten.index_select.default)
 def index_select(x, dim, index):
-    if x.ndim == 0:  # PyTorch: a 0-d input gives a 0-d result (index must be [0])
-        index_in_range(index, 1, 0)
-        return x
-    i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)
-    return jnp.take(x, i.reshape(-1), axis=dim)
+    # Unlike indexing, index_select takes no negative index (the CPU's message); a 0-d
+    # input gives a 0-d result (the index must be [0]).
+    i = index.astype(jnp.int64)
+    require((i >= 0) & (i < (x.shape[dim] if x.ndim else 1)), IndexError,
+            "index out of range in self")
+    return x if x.ndim == 0 else jnp.take(x, i.reshape(-1), axis=dim)
 
 
 def _check_gather_index(index, size, dim):
