@@ -129,22 +129,28 @@ def cpu_check(spec: OpSpec, values: list, meta_out, storages: int) -> Exception 
     where the CPU runs the call. `storages`: how many storages the call's tensors use (a
     call that writes into aliased tensors is checked up to a larger size: CPU kernels
     refuse most overlaps)."""
-    if spec.op.namespace != "aten" or spec.lowering is None or spec.lowering.random \
-            or any(a.kind == GENERATOR for a in spec.args):
-        return None  # (a random op would draw from the CPU's generator)
+    if spec.op.namespace != "aten" or spec.lowering is None:
+        return None
     tensors = [t for t in flat_tensors(values) if t.device.type == _PJRT]
-    limit = _CHECK_MAX_ELEMENTS
-    if spec.mutated and (storages < len(tensors) or any(
-            t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1
-            for pos in spec.mutated for t in flat_tensors(values[pos]))):
-        limit = _CPU_ERROR_MAX_ELEMENTS
+    aliased = bool(spec.mutated) and (storages < len(tensors) or any(
+        t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1
+        for pos in spec.mutated for t in flat_tensors(values[pos])))
+    random = spec.lowering.random or any(a.kind == GENERATOR for a in spec.args)
+    if random and not aliased:
+        return None  # (a random op draws from the CPU's generator: kept to overlaps)
+    limit = _CPU_ERROR_MAX_ELEMENTS if aliased else _CHECK_MAX_ELEMENTS
     if sum(t.numel() for t in tensors) + sum(
             t.numel() for t in flat_tensors(meta_out)) > limit:
         return None
-    error = _cpu_error(spec, values, "aliased")
-    if error is None or isinstance(error, (torch.linalg.LinAlgError, NotImplementedError)):
-        return None
-    again = _cpu_error(spec, values, "aliased", fill=1)
+    rng = torch.get_rng_state() if random else None
+    try:
+        error = _cpu_error(spec, values, "aliased")
+        if error is None or isinstance(error, (torch.linalg.LinAlgError, NotImplementedError)):
+            return None
+        again = _cpu_error(spec, values, "aliased", fill=1)
+    finally:
+        if rng is not None:
+            torch.set_rng_state(rng)
     if type(again) is not type(error) or str(again) != str(error):
         return None
     return error
