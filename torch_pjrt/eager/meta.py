@@ -52,8 +52,11 @@ def run_meta(spec: OpSpec, values: list):
 
 _CPU_ERROR_MAX_ELEMENTS = 1 << 20
 # The stand-ins of cpu_check, run on every new signature: small enough to cost less than
-# tracing the op (a call over more elements is not checked).
+# tracing the op (a call over more elements is not checked). Calls that write (in-place,
+# out=) are where meta functions miss most CPU checks; a functional one (a matrix product)
+# may cost far more per element.
 _CHECK_MAX_ELEMENTS = 1 << 16
+_CHECK_MAX_ELEMENTS_FUNCTIONAL = 1 << 12
 
 
 def _cpu_error(spec: OpSpec, values: list, layout: str = "strided",
@@ -138,7 +141,8 @@ def cpu_check(spec: OpSpec, values: list, meta_out, storages: int) -> Exception 
     random = spec.lowering.random or any(a.kind == GENERATOR for a in spec.args)
     if random and not aliased:
         return None  # (a random op draws from the CPU's generator: kept to overlaps)
-    limit = _CPU_ERROR_MAX_ELEMENTS if aliased else _CHECK_MAX_ELEMENTS
+    limit = (_CPU_ERROR_MAX_ELEMENTS if aliased else
+             _CHECK_MAX_ELEMENTS if spec.mutated else _CHECK_MAX_ELEMENTS_FUNCTIONAL)
     if sum(t.numel() for t in tensors) + sum(
             t.numel() for t in flat_tensors(meta_out)) > limit:
         return None
