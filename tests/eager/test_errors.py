@@ -122,7 +122,10 @@ def test_mask_assignment_of_a_cpu_number_of_another_dtype():
     def run(device):
         x = torch.arange(6.0, device=device).view(2, 3)
         x[x[:, 0] > 1] = torch.tensor(7)
-        return x, torch.index_put(x, (x > 2,), torch.tensor(-1))
+        y = torch.arange(3, device=device)
+        y[y > 1] = torch.tensor([2.5], device=device)  # (a device value: another dtype)
+        y[y > 0] = y[2]  # (a value overlapping x)
+        return x, torch.index_put(x, (x > 2,), torch.tensor(-1)), y
     for cpu, dev in zip(run("cpu"), run("pjrt")):
         torch.testing.assert_close(dev.cpu(), cpu)
 

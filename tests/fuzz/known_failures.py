@@ -57,12 +57,6 @@ KNOWN: dict[str, Known] = {
         "its programs by the number's type, and checks the value only at the first call of "
         "a signature (eager/meta.py cpu_check), not at later ones",
         r"CPU raised RuntimeError \(value cannot be converted to type \w+ without overflow"),
-    "index_put_ of a device value of another dtype": Known(
-        "x[mask] = v with v a one-element tensor of another dtype: the CPU, v being on the "
-        "CPU, runs it as masked_fill_; on pjrt (as on CUDA) v is on the device and "
-        "index_put_ refuses the dtypes (a CPU v is taken as the CPU takes it)",
-        r"CPU ran, pjrt raised RuntimeError \(Index put requires the source and destination "
-        r"dtypes match", EAGER),
     "debug mode after a failed op": Known(
         "debug mode: an op whose CPU comparison raises after the program ran has donated "
         "its written buffer ('Array has been deleted' when read later)",

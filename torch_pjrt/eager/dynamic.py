@@ -71,7 +71,8 @@ def make_index(execute_index):
 def _one_bool_mask(x, indices):
     """The mask of `x[mask] = value` that PyTorch runs as masked_fill_ (one boolean mask on
     x's device, the other indices None), unsqueezed over the dimensions after it; else None.
-    (CPU PyTorch does so for a one-element value on the CPU, whatever its dtype.)"""
+    (CPU PyTorch does so for a one-element value, whatever its dtype, and then checks no
+    overlap between value and x; CUDA only for a CPU value.)"""
     mask, dim = None, 0
     for i in indices:
         if i is None:
@@ -94,10 +95,10 @@ def make_index_put(execute, inplace: bool):
     def index_put(x, indices, values, accumulate=False, unsafe=False):
         if _has_mask(indices):
             mask = None
-            if not accumulate and values.numel() == 1 and values.device.type == "cpu":
+            if not accumulate and values.numel() == 1:
                 mask = _one_bool_mask(x, indices)
-            if mask is not None:
-                value = values.item()
+            if mask is not None:  # (a device value stays there: no synchronization)
+                value = values.item() if values.device.type == "cpu" else values.reshape(())
                 return x.masked_fill_(mask, value) if inplace else x.masked_fill(mask, value)
             indices = _device_indices(x, indices)
         return execute(x, indices, values, accumulate)
