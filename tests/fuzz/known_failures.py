@@ -25,13 +25,12 @@ class Known:
     program: str | None = None  # a regular expression the program's source must contain
 
 
-_CPU_ONLY = ("the CPU kernel's own check, which the meta function pjrt runs does not make "
-             "(eager/meta.py runs no CPU kernel unless the meta function fails)")
-
 KNOWN: dict[str, Known] = {
     "dtype not implemented by the CPU kernel": Known(
         "a dtype the CPU kernel does not implement (NotImplementedError): the lowering "
-        "computes it, or JAX rejects it with its own TypeError/ValueError; " + _CPU_ONLY,
+        "computes it (as CUDA's kernels would), or JAX rejects it with its own "
+        "TypeError/ValueError; eager/meta.py's cpu_check leaves NotImplementedError alone "
+        "on purpose",
         r"CPU raised NotImplementedError"),
     "index check on an empty result": Known(
         "an out-of-range index that selects no element (the indexed tensor is empty): the "
