@@ -61,3 +61,19 @@ def outputs_and_grads(fn: Callable, *tensors: torch.Tensor, seed: int = 1) -> li
     cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
     out.backward(cot.to(out.device))
     return [out] + [t.grad for t in leaves if t.requires_grad]
+
+
+def spread_samples(samples: Any) -> list:
+    """At most TORCH_PJRT_OPINFO_SAMPLES (default 6) of an op's OpInfo samples for one
+    dtype, spread evenly over the list (OpInfo orders them from plain to edge cases, so the
+    spread keeps both): the CI slice. TORCH_PJRT_SLOW_TESTS=1 keeps every sample."""
+    import os
+
+    samples = list(samples)
+    if os.environ.get("TORCH_PJRT_SLOW_TESTS", "").strip() not in ("", "0"):
+        return samples
+    limit = int(os.environ.get("TORCH_PJRT_OPINFO_SAMPLES", "6"))
+    if len(samples) <= limit:
+        return samples
+    step = (len(samples) - 1) / (limit - 1) if limit > 1 else 0
+    return [samples[round(i * step)] for i in range(limit)]

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 
 import torch
-from helpers import assert_same, to_device
+from helpers import assert_same, spread_samples, to_device
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torch_pjrt
@@ -56,7 +56,8 @@ def check_samples(name: str, variant: str = "", *, dtypes=(torch.float32,), grad
         atol = default_atol if default_atol is not None else atol
         rtol = default_rtol if default_rtol is not None else rtol
         wants_grad = grad and info.supports_autograd and dtype.is_floating_point
-        for sample in info.sample_inputs("cpu", dtype, requires_grad=wants_grad):
+        samples = info.sample_inputs("cpu", dtype, requires_grad=wants_grad)
+        for sample in spread_samples(samples):
             if skip is not None and skip(sample):
                 continue
             n += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from helpers import assert_same, to_device
+from helpers import assert_same, spread_samples, to_device
 from opinfo_diff import opinfo
 from torch.utils._pytree import tree_flatten
 
@@ -69,7 +69,7 @@ def check_opinfo(name: str, variant: str = "", *, dtypes=ALL_DTYPES, grad: bool 
         # not read conjugated yet: gradients are checked for real dtypes.
         wants_grad = grad and info.supports_autograd and dtype.is_floating_point
         make = info.reference_inputs if reference else info.sample_inputs
-        for sample in make("cpu", dtype, requires_grad=wants_grad):
+        for sample in spread_samples(make("cpu", dtype, requires_grad=wants_grad)):
             if skip is not None and skip(sample):
                 continue
             args = (sample.input, *sample.args)
