@@ -8,10 +8,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import SLOW_TESTS as SLOW  # noqa: E402
 
 import torch_pjrt  # noqa: E402
-
-SLOW = os.environ.get("TORCH_PJRT_SLOW_TESTS", "").strip() not in ("", "0")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -9,6 +10,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 DEVICE = "pjrt"
+# TORCH_PJRT_SLOW_TESTS=1: the long sweeps (every sample, dtype and variant) run too
+SLOW_TESTS = os.environ.get("TORCH_PJRT_SLOW_TESTS", "").strip() not in ("", "0")
 
 
 def to_device(tree: Any, device: str = DEVICE) -> Any:
@@ -64,16 +67,11 @@ def outputs_and_grads(fn: Callable, *tensors: torch.Tensor, seed: int = 1) -> li
 
 
 def spread_samples(samples: Any) -> list:
-    """At most TORCH_PJRT_OPINFO_SAMPLES (default 6) of an op's OpInfo samples for one
-    dtype, spread evenly over the list (OpInfo orders them from plain to edge cases, so the
-    spread keeps both): the CI slice. TORCH_PJRT_SLOW_TESTS=1 keeps every sample."""
-    import os
+    """The CI slice of an op's OpInfo samples for one dtype: at most
+    TORCH_PJRT_OPINFO_SAMPLES (default 4), spread over the list as the conformance sweep
+    spreads them (its edge cases come last). TORCH_PJRT_SLOW_TESTS=1 keeps every one."""
+    from torch_pjrt.conformance import spread
 
-    samples = list(samples)
-    if os.environ.get("TORCH_PJRT_SLOW_TESTS", "").strip() not in ("", "0"):
-        return samples
-    limit = int(os.environ.get("TORCH_PJRT_OPINFO_SAMPLES", "6"))
-    if len(samples) <= limit:
-        return samples
-    step = (len(samples) - 1) / (limit - 1) if limit > 1 else 0
-    return [samples[round(i * step)] for i in range(limit)]
+    if SLOW_TESTS:
+        return list(samples)
+    return spread(list(samples), int(os.environ.get("TORCH_PJRT_OPINFO_SAMPLES", "4")))

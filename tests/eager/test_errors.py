@@ -136,3 +136,22 @@ def test_number_that_does_not_fit_the_dtype():
         x[...] = 1 + 2j
     with pytest.raises(RuntimeError, match="value cannot be converted to type uint8_t"):
         torch.full((2,), 300, dtype=torch.uint8, device="pjrt")
+
+
+@pytest.mark.parametrize("norm", ["layer", "batch", "group"])
+def test_bfloat16_norm_backward_that_only_the_cpu_kernel_refuses(norm):
+    """A small bfloat16 norm's backward gets float32 statistics from its forward (as on
+    CUDA); the CPU kernel, whose forward returns bfloat16 ones, refuses that pair. The
+    kernel check must not raise it: small bfloat16 models (FSDP's mixed precision) trained."""
+    make = {"layer": lambda: torch.nn.LayerNorm(16), "batch": lambda: torch.nn.BatchNorm1d(16),
+            "group": lambda: torch.nn.GroupNorm(4, 16)}[norm]
+    torch.manual_seed(0)
+    cpu = make().to(torch.bfloat16)
+    dev = make().to(torch.bfloat16).to("pjrt")
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    xc, xd = x.clone().requires_grad_(), x.to("pjrt").requires_grad_()
+    cpu(xc).square().sum().backward()
+    dev(xd).square().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, atol=0.1, rtol=0.05)
+    torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, atol=0.1, rtol=0.05)

@@ -4,7 +4,7 @@ import functools
 
 import pytest
 import torch
-from helpers import assert_same, compare, to_device
+from helpers import assert_same, compare, spread_samples, to_device
 from opinfo_diff import fallbacks_of
 
 
@@ -49,7 +49,7 @@ def test_foreach_opinfo(name, dtype):
         pytest.skip(f"{name} does not support {dtype} on CPU")
     atol, rtol = OP_TOL.get(name, TOL[dtype]) if dtype == torch.float32 else TOL[dtype]
     n = 0
-    for sample in info.sample_inputs("cpu", dtype, num_input_tensors=[3]):
+    for sample in spread_samples(info.sample_inputs("cpu", dtype, num_input_tensors=[3])):
         variants = [info.op] + ([info.inplace_variant] if info.inplace_variant else [])
         for fn in variants:
             cpu_sample = sample.transform(lambda t: t.clone() if isinstance(t, torch.Tensor)

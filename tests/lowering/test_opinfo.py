@@ -72,7 +72,7 @@ CI_SLICE = (
 
 # The slice runs at most this many samples per op, evenly spaced (the compile per
 # sample shape dominates); TORCH_PJRT_OPINFO_ALL=1 runs every sample of every op.
-CI_MAX_SAMPLES = 10
+CI_MAX_SAMPLES = 4
 
 _ALL = os.environ.get("TORCH_PJRT_OPINFO_ALL", "").strip() not in ("", "0")
 _OPS = conformance.select_ops(None if _ALL else CI_SLICE)

@@ -127,7 +127,7 @@ def test_damaged_note_of_traced_ops_is_rebuilt(cache, monkeypatch, fault):
     that are not UTF-8."""
     names = [_name(f"op {i}") for i in range(20)]
     for name in names:
-        warm_start.note_traced(name)
+        warm_start.note_traced(name, False)
     path = warm_start._file(warm_start._TRACED_FILE)
     readable = damage(path, fault, monkeypatch)
     warm_start._traced = None  # as a new process
@@ -141,7 +141,7 @@ def test_damaged_note_of_traced_ops_is_rebuilt(cache, monkeypatch, fault):
     assert not all(known)
     readable()
     for name in names:
-        warm_start.note_traced(name)  # the ones this process traced again
+        warm_start.note_traced(name, False)  # the ones this process traced again
     warm_start._traced = None
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -152,7 +152,7 @@ def test_damaged_note_of_traced_ops_is_rebuilt(cache, monkeypatch, fault):
 def test_note_of_traced_ops_with_bytes_that_are_not_utf8(cache):
     """The reported crash: a torn write left bytes that are not UTF-8 in the note."""
     name = _name("op")
-    warm_start.note_traced(name)
+    warm_start.note_traced(name, False)
     path = warm_start._file(warm_start._TRACED_FILE)
     with open(path, "ab") as f:
         f.write(b"\xff\xfe\x00\x80garbage\n")
@@ -188,7 +188,7 @@ def test_full_or_read_only_file_system_stops_the_writes(cache, monkeypatch, erro
         for k in range(4):
             np.testing.assert_array_equal(_program(_name(f"full {error} {k}"), k),
                                           np.arange(4.0) * k + 1)
-            warm_start.note_traced(_name(f"traced {error} {k}"))
+            warm_start.note_traced(_name(f"traced {error} {k}"), False)
     messages = _cache_warnings(record)
     assert len(messages) == 1 and "cannot be written" in messages[0], messages
     assert counters.value("disk_cache_write_errors") == 1  # then no more tries
