@@ -12,10 +12,29 @@ from helpers import SLOW_TESTS as SLOW  # noqa: E402
 
 import torch_pjrt  # noqa: E402
 
+# The longest test files (multi-process jobs, sweeps), run first: pytest-xdist hands each
+# file to the next idle worker in collection order, and a long file taken last leaves the
+# other worker idle for its whole length (the tail was 5-11 minutes of a 34-minute run).
+LONGEST_FIRST = (
+    "lowering/test_opinfo.py", "models/test_hf_zoo.py", "distributed/test_tp.py",
+    "runtime/test_compile_cache.py", "distributed/test_demo_parallel.py",
+    "lowering/test_error_inputs.py", "distributed/test_collectives.py", "test_resume.py",
+    "distributed/test_fsdp.py", "runtime/test_faults_cache.py", "lowering/test_shape.py",
+    "eager/test_optimizers.py", "lowering/test_attention.py", "compile/test_backend.py",
+    "compile/test_warm_start.py", "amp/test_autocast.py", "distributed/test_ddp.py",
+)
+
+
+def _first(item) -> int:
+    path = item.nodeid.split("::")[0].removeprefix("tests/")
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (the multi-dtype OpInfo sweeps) run only with TORCH_PJRT_SLOW_TESTS=1:
+    """The longest files first (a stable sort: tests keep their order within a file).
+    Tests marked slow (the multi-dtype OpInfo sweeps) run only with TORCH_PJRT_SLOW_TESTS=1:
     CI runs the fixed OpInfo slice instead (tests/lowering/test_opinfo.py)."""
+    items.sort(key=_first)
     if SLOW:
         return
     skip = pytest.mark.skip(reason="slow sweep: set TORCH_PJRT_SLOW_TESTS=1 to run it")

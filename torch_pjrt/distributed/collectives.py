@@ -32,6 +32,9 @@ def process_device(process: int) -> jax.Device:
     return min((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
 
 
+_in_flight = None  # the done marker of the last collective program launched
+
+
 class Group:
     """The XLA side of one process group: the mesh of its ranks' devices and the
     collective programs compiled for it."""
@@ -57,15 +60,24 @@ class Group:
         if program is None:
             body = make_body()
 
-            def blocks(*xs):
-                return tuple(body(*xs))
+            def blocks(*xs):  # and a done marker that nothing else holds (never donated)
+                return (*body(*xs), jnp.zeros((1,), jnp.int8))
 
             program = self._programs[key] = jax.jit(jax.shard_map(
                 blocks, mesh=self.mesh, in_specs=(P(AXIS),) * len(arrays), out_specs=P(AXIS),
                 check_vma=False))
         glob = [jax.make_array_from_single_device_arrays((self.n * a.shape[0],),
                                                          self.sharding, [a]) for a in arrays]
-        return [out.addressable_data(0) for out in program(*glob)]
+        global _in_flight
+        # XLA:CPU runs programs that share no buffer at the same time: two collective
+        # programs in flight at once (a compiled backward's, then an eager all_reduce) put
+        # their messages on the wire in an order that can differ between ranks, and the
+        # transport fails ("Received data size doesn't match expected size"). Each
+        # collective program, of any group (groups of the same ranks share a transport),
+        # starts after the one before it has finished: the order of the calls.
+        jax.block_until_ready(_in_flight)
+        *outs, _in_flight = program(*glob)
+        return [out.addressable_data(0) for out in outs]
 
 
 # ---------------------------------------------------------------- reductions
