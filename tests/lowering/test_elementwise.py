@@ -316,3 +316,18 @@ def test_complex_abs_and_sgn_at_infinity():
     z = torch.tensor([complex(INF, NAN), complex(NAN, -INF), complex(3, 4), 0j,
                       complex(NAN, 1), complex(-INF, 0)], dtype=torch.complex64)
     compare(lambda t: (t.abs(), t.sgn(), t.angle(), torch.exp(t[2:])), z)
+
+
+@pytest.mark.parametrize("exponent", [1 + 2j, 2, 0.5, 0, -1, -1 + 1j, 1j], ids=str)
+def test_complex_zero_base_power_as_the_cpu(exponent):
+    """A complex zero base: the CPU computes exp(y * log(0)) with C's rules (0 where
+    real(y) > 0, inf+nanj where it is < 0, NaN where it is 0; 1 for a Scalar exponent of
+    0); XLA's power gave NaN for 0**(1+2j) and 1 for 0**0 (the fuzzer found it)."""
+    base = torch.tensor([0j, -0.0 + 0j, 1 + 1j, 2 - 0.5j], dtype=torch.complex64)
+    y = torch.full((4,), exponent, dtype=torch.complex64)
+    for fn, args in ((torch.pow, (base, exponent)), (torch.pow, (base, y)),
+                     (torch.pow, (0j, y))):
+        expected = torch.view_as_real(fn(*args))
+        actual = fn(*(a.to("pjrt") if isinstance(a, torch.Tensor) else a for a in args))
+        torch.testing.assert_close(torch.view_as_real(actual.cpu()), expected,
+                                   equal_nan=True, rtol=1e-5, atol=1e-6)

@@ -143,3 +143,40 @@ def test_reduction_gradients():
         return torch.autograd.grad(out.sum(), t)[0]
 
     compare(grads, x)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused", "debug"])
+@pytest.mark.parametrize("out_dtype", [torch.int64, torch.int32, torch.float64, torch.bfloat16,
+                                       torch.bool], ids=str)
+@pytest.mark.parametrize("op", ["sum", "sum_all", "prod", "nansum", "mean", "cumsum",
+                                "cumprod"])
+def test_out_tensor_of_another_dtype_sets_the_computation(op, out_dtype, mode):
+    """sum(x, 1, out=int64_tensor) casts each element before summing, as the CPU kernel
+    does: -0.75 + 1.6 is 0 + 1 = 1, not int(0.85) = 0 (a silent wrong result until
+    December 3; the fuzzer found it)."""
+    import torch_pjrt
+
+    x = torch.tensor([[-0.75, 1.6, 2.5, -2.9], [0.4, -1.2, 3.9, 1.5], [2.7, 0.2, -3.5, 1.1]])
+    call = {
+        "sum": lambda t, o: torch.sum(t, 1, out=o), "sum_all": lambda t, o: torch.sum(
+            t, (0, 1), out=o), "prod": lambda t, o: torch.prod(t, 1, out=o),
+        "nansum": lambda t, o: torch.nansum(t, 1, out=o),
+        "mean": lambda t, o: torch.mean(t, 1, out=o),
+        "cumsum": lambda t, o: torch.cumsum(t, 1, out=o),
+        "cumprod": lambda t, o: torch.cumprod(t, 1, out=o),
+    }[op]
+    shape = {"sum_all": (), "cumsum": x.shape, "cumprod": x.shape}.get(op, (3,))
+    expected = torch.zeros(shape, dtype=out_dtype)
+    try:
+        call(x, expected)
+    except (RuntimeError, NotImplementedError):
+        pytest.skip("the CPU rejects it")
+    before = torch_pjrt.get_eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        actual = torch.zeros(shape, dtype=out_dtype, device="pjrt")
+        call(x.to("pjrt"), actual)
+        actual = actual.cpu()
+    finally:
+        torch_pjrt.set_eager_mode(before)
+    torch.testing.assert_close(actual, expected, rtol=1e-2, atol=1e-6)

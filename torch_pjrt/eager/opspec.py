@@ -54,9 +54,23 @@ class OpSpec:
     min_args: int  # arguments before the last one without a default
     returns_plan: tuple  # per return: ("alias", mutated arg index) | ("fresh",) | ("list",)
     plan: tuple  # what the native key builder reads (_fast_plan)
+    dtype_from_out: int | None = None  # the `dtype` arg an out= call fills from `out`
+
 
     def __str__(self) -> str:
         return str(self.op)
+
+
+# Reductions and scans whose out= kernels compute in the out tensor's dtype when `dtype`
+# is not given (PyTorch reads it from the result): sum(x, 1, out=int64_tensor) casts each
+# element before summing (-0.75 + 1.6 gives 1, not 0 from 0.85).
+_COMPUTE_IN_OUT_DTYPE = frozenset({"sum", "nansum", "prod", "mean", "cumsum", "cumprod"})
+
+
+def _dtype_from_out(op: OpOverload, args: list[ArgSpec], is_out: bool) -> int | None:
+    if not is_out or op._schema.name.split("::")[1] not in _COMPUTE_IN_OUT_DTYPE:
+        return None
+    return next((i for i, a in enumerate(args) if a.name == "dtype"), None)
 
 
 def _functional_counterpart(op: OpOverload) -> OpOverload | None:
@@ -118,6 +132,7 @@ def spec(op: OpOverload) -> OpSpec:
         max((i + 1 for i, a in enumerate(args) if a.default is _NO_DEFAULT), default=0),
         _returns_plan(schema, mutated),
         _fast_plan(args, lowering.static if lowering is not None else frozenset()),
+        _dtype_from_out(op, args, is_out),
     )
 
 

@@ -119,6 +119,8 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                 values.append([next(dyn_iter) for _ in part[1]])
             else:
                 values.append(unhashable(part))
+        if spec.dtype_from_out is not None and values[spec.dtype_from_out] is None:
+            values[spec.dtype_from_out] = arg_parts[spec.mutated[0]][1]
         rng = None
         if lowering.random:
             seed, offset = next(dyn_iter), next(dyn_iter)

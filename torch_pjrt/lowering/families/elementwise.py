@@ -342,11 +342,26 @@ def _int_pow(x, y):
     return result
 
 
+def _power(x, y):
+    """x**y for floating and complex x. A complex zero base follows the CPU kernel, which
+    computes exp(y * log(x)) with C's rules for infinities: 0 where real(y) > 0, inf+nanj
+    where real(y) < 0, NaN where real(y) == 0 (XLA gives NaN for 0**(1+2j), 1 for 0**0)."""
+    out = jnp.power(x, y)
+    if not is_complex(out):
+        return out
+    c = jnp.real(jnp.asarray(y))
+    nan = jnp.array(jnp.nan, jnp.real(out).dtype)
+    inf = jnp.array(jnp.inf, jnp.real(out).dtype)
+    at_zero = lax.complex(jnp.where(c > 0, 0, jnp.where(c < 0, inf, nan)),
+                          jnp.where(c > 0, 0, nan))
+    return jnp.where(x == 0, at_zero.astype(out.dtype), out)
+
+
 @lower(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote="default")
 def pow_(x, y):
     if is_int(x):
         return _int_pow(x, y)
-    return jnp.power(x, y)
+    return _power(x, y)
 
 
 @lower(aten.pow.Tensor_Scalar, promote="default")
@@ -357,11 +372,12 @@ def pow_tensor_scalar(x, exponent):
         return _int_pow(x, exponent)
     # PyTorch's kernel special-cases these exponents (sqrt(-inf) is NaN where
     # pow(-inf, 0.5) is inf; x*x is exact where a complex pow is not). The exponent is
-    # a run-time value: a switch runs only the branch it selects.
-    branches = (lambda x, e: jnp.power(x, e), lambda x, e: x * x, lambda x, e: x * x * x,
+    # a run-time value: a switch runs only the branch it selects. An exponent of 0 fills
+    # ones (NaN**0 and complex 0**0 too).
+    branches = (_power, lambda x, e: x * x, lambda x, e: x * x * x,
                 lambda x, e: 1 / (x * x), lambda x, e: jnp.sqrt(x),
-                lambda x, e: lax.rsqrt(x), lambda x, e: 1 / x)
-    specials = (2, 3, -2, 0.5, -0.5, -1)
+                lambda x, e: lax.rsqrt(x), lambda x, e: 1 / x, lambda x, e: jnp.ones_like(x))
+    specials = (2, 3, -2, 0.5, -0.5, -1, 0)
     index = sum((exponent == v).astype(jnp.int32) * (i + 1) for i, v in enumerate(specials))
     return lax.switch(index, branches, x, exponent)
 
