@@ -44,3 +44,26 @@ def test_int64_and_float64_are_exact():
 def test_unsupported_dtype_is_a_clear_error():
     with pytest.raises(TypeError, match="not supported on the pjrt device"):
         torch.empty(2, dtype=torch.complex32, device="pjrt")
+
+
+@pytest.mark.parametrize("dst", [torch.uint8, torch.uint16, torch.uint32], ids=str)
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                 torch.complex64], ids=str)
+def test_floating_to_unsigned_goes_through_int64_as_on_cpu_and_cuda(src, dst):
+    """PyTorch defines a floating value to an unsigned integer as through int64 (-1.5 is
+    255 in uint8, 300.2 is 44); XLA saturates (0, 255): images cast with .to(uint8) after
+    arithmetic that went below 0 were silently 0 until December 3."""
+    x = torch.tensor([-1.5, -3.0, 0.7, 2.5, 300.2, -200.7, 60000.0]).to(src)
+    expected = x.to(dst)
+    d = x.to("pjrt")
+    assert torch.equal(d.to(dst).cpu(), expected)  # _to_copy
+    out = torch.zeros(7, dtype=dst, device="pjrt")
+    out.copy_(d)  # copy_ from the device
+    assert torch.equal(out.cpu(), expected)
+    out = torch.zeros(7, dtype=dst, device="pjrt")
+    out.copy_(x)  # copy_ from the CPU
+    assert torch.equal(out.cpu(), expected)
+    if src == torch.float32:
+        out = torch.zeros(7, dtype=dst, device="pjrt")
+        out[::1] = torch.tensor(-1.5)  # a CPU 0-dim value: fill_
+        assert out.cpu().tolist() == [255 if dst == torch.uint8 else expected[0].item()] * 7

@@ -174,3 +174,37 @@ def test_head_views_at_an_offset_read_and_write_in_place():
     limits = (block[0],) + tuple(v.shape[i] for i in order[1:]) + (1,)
     assert views._block_start(jnp.zeros(dev.numel()), v.storage_offset(), block, limits) \
         == (0, (0, 0, h, 0, 0)[:len(block)])
+
+
+def _index_put(e, dev):
+    e.index_put_((torch.tensor([1], device=dev),), torch.tensor(2.0, device=dev))
+
+
+def _index_put_2d(e, dev):
+    e.index_put_((torch.tensor([0, 1], device=dev), torch.tensor([1, 0], device=dev)),
+                 torch.tensor([[1.0, 1, 1], [2, 2, 2]], device=dev))
+
+
+def _index_fill(e, dev):
+    e.index_fill_(0, torch.tensor([1], device=dev), 2.0)
+
+
+def _setitem(e, dev):
+    e[torch.tensor([1, 3], device=dev)] = torch.tensor([[1.0, 2, 3], [7, 8, 9]], device=dev)
+
+
+@pytest.mark.filterwarnings("ignore:Use of index")
+@pytest.mark.parametrize("write,shape", [(_index_put, (2, 3)), (_index_put_2d, (2, 2, 3)),
+                                         (_index_fill, (2, 3)), (_setitem, (4, 3))],
+                         ids=["index_put_", "index_put_2d", "index_fill_", "setitem"])
+def test_indexed_writes_into_an_expanded_tensor_reach_its_base(write, shape):
+    """PyTorch allows index_put_ and index_fill_ into an expanded tensor (deprecated): it
+    writes the indexed elements one after another, so the last one written reaches the
+    shared memory. pjrt wrote the whole view back, copy 0 (unwritten) last: the write was
+    lost, silently, until December 3."""
+    results = []
+    for dev in ("cpu", "pjrt"):
+        x = torch.zeros(3, device=dev)
+        write(x.expand(*shape), dev)
+        results.append(x.cpu())
+    assert torch.equal(results[1], results[0])

@@ -121,4 +121,4 @@ def invoke(spec, values: list, compute: dict | None, meta_structs: list | None, 
 
 def broadcast_cast(value, shape, dtype):
     """A lowering's result made exactly the output's shape and dtype."""
-    return jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+    return jnp.broadcast_to(dtypes.convert(value, dtype), shape)

@@ -27,6 +27,24 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
+def convert(x, dtype) -> jnp.ndarray:
+    """x as `dtype` (a JAX dtype) by PyTorch's rules where XLA's differ: a floating or
+    complex value becomes an unsigned integer through int64 (c10's
+    static_cast_with_inter_type, on CPU and CUDA alike: -1.5 is 255 in uint8, 300.2 is
+    44), where XLA saturates (0 and 255); a complex value to a real dtype keeps its real
+    part."""
+    x = jnp.asarray(x)
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype:
+        return x
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(
+            dtype, jnp.complexfloating):
+        x = jnp.real(x)
+    if jnp.issubdtype(dtype, jnp.unsignedinteger) and jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.int64)
+    return x.astype(dtype)
+
+
 # Dtypes a platform's PJRT plugin cannot hold (checked when a tensor is made).
 UNSUPPORTED_ON: dict[str, frozenset[torch.dtype]] = {
     "tpu": frozenset({torch.float64, torch.complex128}),

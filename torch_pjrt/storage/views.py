@@ -175,6 +175,37 @@ def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     return jnp.broadcast_to(dense.reshape(kept), shape)
 
 
+def _differs(a, b):
+    """Elementwise a != b, where NaN equals NaN (a NaN left in place is not a write)."""
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+        return (a != b) & ~(jnp.isnan(a) & jnp.isnan(b))
+    return a != b
+
+
+def _collapse_aliased(flat, value, shape, stride, offset):
+    """A value for a view with stride-0 dims (an expanded tensor: each location appears
+    many times) reduced to one copy per location. The copy kept is the last, in row-major
+    order, that differs from what the location holds: PyTorch refuses most writes into
+    expanded tensors, and those it allows (index_put_, index_fill_, index_copy_, with a
+    deprecation warning) write only the indexed elements, one after another, so the last
+    written wins. (value, shape) with the stride-0 dims of size 1."""
+    aliased = [d for d, (n, s) in enumerate(zip(shape, stride)) if s == 0 and n != 1]
+    kept = [d for d in range(len(shape)) if d not in aliased]
+    old = read(flat, shape, stride, offset)
+    perm = aliased + kept
+    k = math.prod(shape[d] for d in aliased)
+    rest = [shape[d] for d in kept]
+    vals = jnp.transpose(value, perm).reshape([k, *rest])
+    changed = _differs(vals, jnp.transpose(old, perm).reshape([k, *rest]))
+    position = lax.broadcasted_iota(jnp.int32, vals.shape, 0)
+    pick = jnp.max(jnp.where(changed, position, 0), axis=0, keepdims=True)
+    vals = jnp.take_along_axis(vals, pick, axis=0)  # [1, *rest]
+    shape = tuple(1 if d in aliased else n for d, n in enumerate(shape))
+    inverse = [perm.index(d) for d in range(len(shape))]
+    one = [1] * len(aliased)
+    return jnp.transpose(vals.reshape(one + rest), inverse), shape
+
+
 def write(flat, value, shape: Shape, stride: Shape, offset: int):
     """`flat` with the view (shape, stride, offset) replaced by `value`.
 
@@ -189,14 +220,8 @@ def write(flat, value, shape: Shape, stride: Shape, offset: int):
         if offset == 0 and numel == flat.shape[0]:
             return value.reshape(-1)
         return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
-    # A stride-0 dim aliases one location many times; PyTorch refuses such
-    # writes earlier, except when every copy is equal, so keep index 0.
-    shape = list(shape)
-    for d, s in enumerate(stride):
-        if s == 0 and shape[d] != 1:
-            value = lax.slice_in_dim(value, 0, 1, axis=d)
-            shape[d] = 1
-    shape = tuple(shape)
+    if any(s == 0 and n != 1 for n, s in zip(shape, stride)):
+        value, shape = _collapse_aliased(flat, value, shape, stride, offset)
     plan = _block_plan(shape, stride)
     if plan is None:
         return flat.at[_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))

@@ -13,7 +13,7 @@ aten = torch.ops.aten
 
 @lower(aten.copy.default)
 def copy(self, src, non_blocking=False):
-    return jnp.broadcast_to(src, self.shape).astype(self.dtype)
+    return dtypes.convert(jnp.broadcast_to(src, self.shape), self.dtype)
 
 
 @lower(aten.clone.default)
@@ -24,12 +24,12 @@ def clone(self, *, memory_format=None):
 @lower(aten._to_copy.default)
 def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
-    return self if dtype is None else self.astype(dtypes.to_jax(dtype))
+    return self if dtype is None else dtypes.convert(self, dtypes.to_jax(dtype))
 
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)
 def fill(self, value):
-    return jnp.full(self.shape, value, self.dtype)
+    return jnp.broadcast_to(dtypes.convert(value, self.dtype), self.shape)
 
 
 @lower(aten.zero.default)
