@@ -124,6 +124,30 @@ def test_outputs_that_view_another_output_share_its_storage(grad):
         torch.testing.assert_close(g.cpu(), w)
 
 
+def test_outputs_returned_twice_or_split_from_another_output_alias_it():
+    """The same tensor returned twice is one tensor (`v1 = v0.exp_()`), the pieces of
+    split/unbind/chunk of an output share its storage, and a view of a view that is itself
+    returned has that one as its base: as in eager and AOTAutograd without a compiler
+    (pjrt returned separate copies until December 3; the differential fuzzer found it)."""
+    def f(x):
+        y = x.float()
+        z = y.exp_()
+        s = torch.stack([y, y], -1)
+        d = s.detach()
+        return y, z, s, s.chunk(3, 0)[0], s.unbind(1)[1], d, d.as_strided((), (), 1)
+
+    got = torch.compile(f, backend="pjrt")(torch.tensor([1.0, 2.0]).to("pjrt"))
+    want = f(torch.tensor([1.0, 2.0]))
+    assert got[1] is got[0]
+    assert got[3]._base is got[2] and got[4]._base is got[2]
+    assert got[6]._base is got[5]
+    with torch.no_grad():
+        got[2].add_(1)
+        want[2].add_(1)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)
+
+
 def test_one_compile_per_shape():
     counts = {"n": 0}
 

@@ -532,6 +532,13 @@ def _is_view(target) -> bool:
         not returns[0].alias_info.is_write
 
 
+def _is_list_view_item(node: torch.fx.Node) -> bool:
+    """One of the views a list-returning view op (split, unbind, chunk) made."""
+    base = node.args[0] if node.target is operator.getitem and node.args else None
+    return isinstance(base, torch.fx.Node) and base.op == "call_function" and \
+        _is_view(base.target)
+
+
 def _static(args) -> bool:
     """No graph value among `args` (nested lists included): known when the graph is built."""
     return not any(isinstance(a, (torch.fx.Node, torch.SymInt)) or
@@ -544,10 +551,15 @@ def _output_view(node, bases: dict) -> tuple | None:
     as a view of that output, sharing its storage, made on the host."""
     steps = []
     while node not in bases and isinstance(node, torch.fx.Node) and \
-            node.op == "call_function" and _is_view(node.target):
-        if node.kwargs or not _static(node.args[1:]):
+            node.op == "call_function":
+        if _is_list_view_item(node):
+            steps.append((operator.getitem, node.args[1:]))  # one of split's views
+        elif not _is_view(node.target):
+            break
+        elif node.kwargs or not _static(node.args[1:]):
             return None
-        steps.append((node.target, node.args[1:]))
+        else:
+            steps.append((node.target, node.args[1:]))
         node = node.args[0]
     if not steps or node not in bases:
         return None
@@ -632,11 +644,16 @@ class CompiledGraph:
         computed = []
         dense: list[bool] = []  # per computed output: contiguous instead of its meta strides
         user = len(results) if internal_from is None else internal_from
-        bases = {r: i for i, r in enumerate(results[:user]) if isinstance(r, torch.fx.Node)
-                 and r not in placeholders and not _is_view(r.target)}
+        bases: dict[torch.fx.Node, int] = {}
+        for i, r in enumerate(results[:user]):
+            if isinstance(r, torch.fx.Node) and r not in placeholders \
+                    and not _is_view(r.target) and not _is_list_view_item(r):
+                bases.setdefault(r, i)
         for i, r in enumerate(results):
             if r is None:
                 self.sources.append(("none",))
+            elif i < user and bases.get(r, i) < i:  # returned twice: the same tensor twice
+                self.sources.append(("alias", bases[r], []))
             elif r in placeholders:
                 self.sources.append(("input", placeholders.index(r)))
             elif internal_from is not None and i >= internal_from and \
@@ -644,6 +661,7 @@ class CompiledGraph:
                 self.sources.append(("view", *view))
             elif i < user and (alias := _output_view(r, bases)) is not None:
                 self.sources.append(("alias", *alias))
+                bases.setdefault(r, i)  # a later view of it starts from this tensor
             elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor):
                 self.sources.append(("computed",))
                 computed.append(r)
