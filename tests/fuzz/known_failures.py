@@ -56,6 +56,27 @@ KNOWN: dict[str, Known] = {
         "its programs by the number's type, and checks the value only at the first call of "
         "a signature (eager/meta.py cpu_check), not at later ones",
         r"CPU raised RuntimeError \(value cannot be converted to type \w+ without overflow"),
+    "meta function stricter than the CPU kernel": Known(
+        "PyTorch's meta function (its Python reference) rejects a call its CPU kernel runs: "
+        "masked_fill_ of a bool tensor with a complex value, nansum of integers into a bool "
+        "out=, abs of a complex tensor into a complex out=. pjrt raises the meta function's "
+        "error; no value is wrong",
+        r"CPU ran, pjrt raised RuntimeError \((could not convert to type <class '\w+'> "
+        r"without overflow|Attempting to cast from|Expected out tensor to have dtype "
+        r"[\w.]+ but got)", EAGER),
+    "exact overlap check": Known(
+        "an out= tensor that partly overlaps the input through a strided view: the CPU's "
+        "overlap check gives up on non-contiguous tensors and writes in its loop order; "
+        "pjrt's check is exact and raises the CPU's own overlap error",
+        r"CPU ran, pjrt raised RuntimeError \([\w.]+: unsupported operation: some elements "
+        r"of the input tensor and the written-to tensor refer to a single memory location",
+        EAGER),
+    "index_select of bool out of range": Known(
+        "index_select of a bool tensor with an index out of range: the CPU's bool kernel "
+        "raises RuntimeError (INDICES element is out of DATA bounds), pjrt IndexError, as "
+        "the CPU does for every other dtype",
+        r"CPU raised RuntimeError \(INDICES element is out of DATA bounds.*pjrt raised "
+        r"IndexError", EAGER),
     "debug mode after a failed op": Known(
         "debug mode: an op whose CPU comparison raises after the program ran has donated "
         "its written buffer ('Array has been deleted' when read later)",
