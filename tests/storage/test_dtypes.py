@@ -67,3 +67,15 @@ def test_floating_to_unsigned_goes_through_int64_as_on_cpu_and_cuda(src, dst):
         out = torch.zeros(7, dtype=dst, device="pjrt")
         out[::1] = torch.tensor(-1.5)  # a CPU 0-dim value: fill_
         assert out.cpu().tolist() == [255 if dst == torch.uint8 else expected[0].item()] * 7
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=str)
+def test_float8_e4m3fn_saturates_as_on_cpu_and_cuda(src):
+    """Past float8_e4m3fn's range PyTorch's conversion gives +-448 (CUDA's is SATFINITE);
+    XLA's gave NaN, which an fp8 cast of an unscaled activation spread silently."""
+    x = torch.tensor([1e4, -1e4, float("inf"), float("-inf"), float("nan"), 470.0, 1.0])
+    x = x.to(src)
+    got = x.to("pjrt").to(torch.float8_e4m3fn).cpu().float()
+    want = x.to(torch.float8_e4m3fn).float()
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)

@@ -31,8 +31,9 @@ def convert(x, dtype) -> jnp.ndarray:
     """x as `dtype` (a JAX dtype) by PyTorch's rules where XLA's differ: a floating or
     complex value becomes an unsigned integer through int64 (c10's
     static_cast_with_inter_type, on CPU and CUDA alike: -1.5 is 255 in uint8, 300.2 is
-    44), where XLA saturates (0 and 255); a complex value to a real dtype keeps its real
-    part."""
+    44), where XLA saturates (0 and 255); a value past float8_e4m3fn's range becomes its
+    largest finite value, +-448 (CPU's conversion, and CUDA's SATFINITE one), where XLA
+    gives NaN; a complex value to a real dtype keeps its real part."""
     x = jnp.asarray(x)
     dtype = np.dtype(dtype)
     if x.dtype == dtype:
@@ -42,7 +43,12 @@ def convert(x, dtype) -> jnp.ndarray:
         x = jnp.real(x)
     if jnp.issubdtype(dtype, jnp.unsignedinteger) and jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.int64)
+    elif dtype == _E4M3 and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != _E4M3:
+        x = jnp.clip(x, -448, 448)  # NaN stays NaN
     return x.astype(dtype)
+
+
+_E4M3 = np.dtype(jnp.float8_e4m3fn)
 
 
 # Dtypes a platform's PJRT plugin cannot hold (checked when a tensor is made).
