@@ -14,7 +14,7 @@ error inputs pjrt does not reject with the CPU's exception type; a name is
 _BATCH_NORM_EVAL = ("eval mode: save_mean/invstd of shape [C] as the meta kernel (and CUDA) "
                     "give them; the CPU's are [0]. Not read by the eval backward")
 _SPARSE = "sparse layouts are not supported on pjrt"
-_COMPLEX32 = "complex32 (chalf) is not a pjrt dtype: raises TypeError naming the dtype"
+_COMPLEX32 = "complex32 (chalf) is not a pjrt dtype: raises NotImplementedError naming the dtype"
 _PARTIAL_VIEW = ("not an error: as on CUDA, .to() copies a partial view into a storage of "
                  "its own, so as_strided over it reads other elements than over the CPU's")
 

@@ -30,6 +30,12 @@ def test_device_mismatch_and_cpu_scalars():
         d + torch.ones(3)
     # 0-dim CPU tensors are allowed, as on CUDA
     assert torch.equal((d * torch.tensor(2.0)).cpu(), torch.full((3,), 2.0))
+    # also where PyTorch's meta function checks the device without that rule
+    mask = torch.tensor([True, False, True])
+    want = torch.ones(3).masked_fill(mask, torch.tensor(float("-inf")))
+    assert torch.equal(d.masked_fill(mask.to("pjrt"), torch.tensor(float("-inf"))).cpu(), want)
+    assert torch.equal(d.clone().masked_fill_(mask.to("pjrt"), torch.tensor(float("-inf")))
+                       .cpu(), want)
 
 
 def test_index_out_of_range_is_an_error_not_a_clamp():

@@ -37,10 +37,6 @@ KNOWN: dict[str, Known] = {
         "CPU checks only the elements it writes; the device check rejects it",
         r"(pjrt raised IndexError \(index out of range for dimension|reading it raised "
         r"IndexError: index out of range for dimension)"),
-    "CPU 0-dim value of masked_fill": Known(
-        "masked_fill with a CPU 0-dim value (PyTorch takes it for any device): the meta "
-        "function sees a CPU tensor beside meta ones",
-        r"Expected `value` to be on same device as `a`"),
     "resize keeps the storage": Known(
         "an out= or resize_ that grows a tensor gives it a new storage on pjrt; the CPU grows "
         "the same storage, which its other views keep sharing",

@@ -22,6 +22,12 @@ def _meta_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def _meta_value(a: ArgSpec, v):
     if a.kind in (TENSOR, OPT_TENSOR):
+        if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0 \
+                and not a.write:
+            # a CPU 0-dim tensor goes with a tensor of any device (a CPU scalar, as
+            # TensorIterator treats it); some meta functions check devices without that
+            # rule (masked_fill's value: x.masked_fill(mask, torch.tensor(-inf)))
+            return torch.empty((), dtype=v.dtype, device="meta")
         return None if v is None else _meta_tensor(v)
     if a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
         return [None if t is None else _meta_tensor(t) for t in v]

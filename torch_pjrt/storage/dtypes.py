@@ -63,7 +63,9 @@ def to_jax(dtype: torch.dtype) -> np.dtype:
         return TORCH_TO_JAX[dtype]
     except KeyError:
         supported = ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_JAX)
-        raise TypeError(
+        # NotImplementedError, as PyTorch's kernels raise for a dtype they lack: a
+        # TypeError inside `x + y` becomes Python's "unsupported operand type(s)"
+        raise NotImplementedError(
             f"pjrt: dtype {dtype} is not supported on the pjrt device (supported: {supported})"
         ) from None
 

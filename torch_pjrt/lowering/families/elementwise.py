@@ -324,8 +324,11 @@ def fmod(x, y):
 
 
 def _int_pow(x, y):
-    """x**y for integers, wrapping like C; negative exponents give 1/x rounded toward 0."""
+    """x**y for integers, wrapping like C; negative exponents give 1/x rounded toward 0.
+    Booleans: x**0 is True, x**y is x otherwise."""
     x, y = jnp.broadcast_arrays(x, y)
+    if x.dtype == jnp.bool_:
+        return jnp.where(y == 0, True, x)
     e = jnp.where(y < 0, 0, y)
 
     def step(_, state):
