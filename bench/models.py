@@ -166,17 +166,22 @@ def bench_model(spec: Spec, names: list[str], small: bool, rounds: int, chunk: i
     return {"about": spec.about, "generate": spec.generate, "results": results}
 
 
-def check_losses(report: dict, rtol: float = 2e-3, atol: float = 1e-4) -> list[str]:
-    """Where a candidate's losses differ from native eager's (every loss of every step)."""
+def check_losses(report: dict, rtol: float = 2e-3, atol: float = 1e-4,
+                 drift: float = 2e-2) -> list[str]:
+    """Where a candidate's losses differ from native eager's: the first steps' within
+    float32 roundoff (rtol, atol), the last steps' within `drift`. Training amplifies
+    roundoff: the ResNet's losses, equal to 1e-7 for 5 steps, part by 0.8% at step 13 as
+    it fits its batches (December 3, CPU eager against pjrt fused, step by step); a wrong
+    computation shows at the first step."""
     bad = []
     for model, m in report["models"].items():
         ref = m["results"].get(BASE)
         if ref is None:
             continue
         for name, r in m["results"].items():
-            for key in ("first_losses", "losses"):
+            for key, tol in (("first_losses", (rtol, atol)), ("losses", (drift, 10 * atol))):
                 for a, b in zip(r[key], ref[key]):
-                    if not math.isclose(a, b, rel_tol=rtol, abs_tol=atol):
+                    if not math.isclose(a, b, rel_tol=tol[0], abs_tol=tol[1]):
                         bad.append(f"{model} / {name}: loss {a!r} where {BASE} has {b!r}")
     return bad
 

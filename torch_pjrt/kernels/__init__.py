@@ -5,10 +5,15 @@
 - `jax_op(qualname, schema)`: an operator defined by a JAX function alone (jax_op.py);
 - Pallas kernels inside either run natively on TPU and GPU, interpreted on XLA:CPU
   (`pallas.native()` says which);
-- `examples`: shipped Pallas kernels (RMSNorm, softmax cross-entropy, flash attention).
+- `examples`: shipped Pallas kernels (RMSNorm, softmax cross-entropy, flash attention);
+- `lstm`: nn.LSTM on pjrt as one operator scanning the sequence (aten::lstm.input).
 """
 
-from . import examples, pallas  # examples: registers the shipped kernels' operators
+from . import (  # examples: registers the shipped kernels' operators
+    examples,
+    lstm,  # noqa: F401 - nn.LSTM as one scanned operator on pjrt
+    pallas,
+)
 from .jax_op import jax_op
 from .register import register_jax
 

@@ -1,0 +1,107 @@
+"""nn.LSTM on pjrt as one scanned operator (kernels/lstm.py), against CPU PyTorch: outputs,
+final states and every gradient, in each eager mode and compiled; the calls it does not
+cover run PyTorch's per-step composite and match too."""
+
+import pytest
+import torch
+
+import torch_pjrt.kernels.lstm as lstm_kernel
+
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
+
+def _run(module, x, state, device):
+    module = module.to(device)
+    x = x.detach().to(device).requires_grad_()
+    out, (h, c) = module(x, tuple(s.to(device) for s in state)) if state else module(x)
+    (out.sum() * 1.3 + h.pow(2).sum() + c.sum()).backward()
+    return [out, h, c, x.grad] + [p.grad for p in module.parameters()]
+
+
+def _compare(make, x, state=None, tol=None):
+    torch.manual_seed(0)
+    cpu = make()
+    dev = make()
+    dev.load_state_dict(cpu.state_dict())
+    want = _run(cpu, x, state, "cpu")
+    got = _run(dev, x, state, "pjrt")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, **(tol or dict(rtol=1e-4, atol=1e-5)))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many calls reached the scanned operator."""
+    seen = []
+    scanned = lstm_kernel.lstm
+
+    def counted(*args):
+        seen.append(1)
+        return scanned(*args)
+
+    monkeypatch.setattr(lstm_kernel, "lstm", counted)
+    return seen
+
+
+@pytest.mark.parametrize("layers,bidirectional,batch_first,bias", [
+    (1, False, False, True), (2, False, True, True), (2, True, False, True),
+    (1, True, True, False)], ids=["1-layer", "2-layer-batch-first", "bidirectional",
+                                  "bidirectional-no-bias"])
+def test_scanned_lstm_matches_cpu(layers, bidirectional, batch_first, bias, calls):
+    x = torch.randn(3, 7, 5) if batch_first else torch.randn(7, 3, 5)
+    n = layers * (2 if bidirectional else 1)
+    state = (torch.randn(n, 3, 6), torch.randn(n, 3, 6))
+    _compare(lambda: torch.nn.LSTM(5, 6, layers, bias=bias, batch_first=batch_first,
+                                   bidirectional=bidirectional), x, state)
+    _compare(lambda: torch.nn.LSTM(5, 6, layers, bias=bias, batch_first=batch_first,
+                                   bidirectional=bidirectional), x)  # zero initial state
+    assert len(calls) == 2
+
+
+def test_bfloat16_gates_compute_in_float32(calls):
+    _compare(lambda: torch.nn.LSTM(5, 6, 2).to(torch.bfloat16),
+             torch.randn(7, 3, 5, dtype=torch.bfloat16), tol=dict(rtol=2e-2, atol=2e-2))
+    assert len(calls) == 1
+
+
+def test_projections_run_the_composite(calls):
+    _compare(lambda: torch.nn.LSTM(5, 6, 2, proj_size=3), torch.randn(7, 3, 5))
+    assert not calls
+
+
+def test_unbatched_input(calls):
+    _compare(lambda: torch.nn.LSTM(5, 6, 1), torch.randn(7, 5))
+    assert len(calls) == 1  # nn.LSTM adds the batch dimension itself
+
+
+def test_dropout_between_layers_while_training_runs_the_composite(calls):
+    m = torch.nn.LSTM(5, 6, 2, dropout=0.5).to("pjrt")
+    out, _ = m(torch.randn(7, 3, 5, device="pjrt"))
+    out.sum().backward()
+    assert not calls
+    m.eval()  # no dropout when evaluating: scanned
+    m(torch.randn(7, 3, 5, device="pjrt"))
+    assert len(calls) == 1
+
+
+def test_compiled_model_with_an_lstm_matches_cpu():
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.Tanh())
+
+    torch.manual_seed(0)
+    head, rnn = make(), torch.nn.LSTM(5, 6, 2, batch_first=True)
+
+    def step(device):
+        h, r = head.to(device), rnn.to(device)
+        fn = torch.compile(lambda x: r(h(x))[0].sum(), backend="pjrt") \
+            if device == "pjrt" else (lambda x: r(h(x))[0].sum())
+        for p in (*h.parameters(), *r.parameters()):
+            p.grad = None
+        loss = fn(torch.linspace(-1, 1, 3 * 4 * 5).reshape(3, 4, 5).to(device))
+        loss.backward()
+        return [loss] + [p.grad.clone() for p in (*h.parameters(), *r.parameters())]
+
+    want = step("cpu")
+    got = step("pjrt")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-5)
