@@ -179,9 +179,9 @@ def check_losses(report: dict, rtol: float = 2e-3, atol: float = 1e-4,
         if ref is None:
             continue
         for name, r in m["results"].items():
-            for key, tol in (("first_losses", (rtol, atol)), ("losses", (drift, 10 * atol))):
+            for key, rel, abs_ in (("first_losses", rtol, atol), ("losses", drift, 10 * atol)):
                 for a, b in zip(r[key], ref[key]):
-                    if not math.isclose(a, b, rel_tol=tol[0], abs_tol=tol[1]):
+                    if not math.isclose(a, b, rel_tol=rel, abs_tol=abs_):
                         bad.append(f"{model} / {name}: loss {a!r} where {BASE} has {b!r}")
     return bad
 

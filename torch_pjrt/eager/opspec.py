@@ -54,8 +54,7 @@ class OpSpec:
     min_args: int  # arguments before the last one without a default
     returns_plan: tuple  # per return: ("alias", mutated arg index) | ("fresh",) | ("list",)
     plan: tuple  # what the native key builder reads (_fast_plan)
-    dtype_from_out: int | None = None  # the `dtype` arg an out= call fills from `out`
-
+    dtype_from_out: int | None  # the `dtype` arg an out= call fills from `out`
 
     def __str__(self) -> str:
         return str(self.op)

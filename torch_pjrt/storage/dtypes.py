@@ -26,6 +26,8 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float8_e5m2: np.dtype(jnp.float8_e5m2),
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+_E4M3 = np.dtype(jnp.float8_e4m3fn)
+
 
 def convert(x, dtype) -> jnp.ndarray:
     """x as `dtype` (a JAX dtype) by PyTorch's rules where XLA's differ: a floating or
@@ -46,9 +48,6 @@ def convert(x, dtype) -> jnp.ndarray:
     elif dtype == _E4M3 and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != _E4M3:
         x = jnp.clip(x, -448, 448)  # NaN stays NaN
     return x.astype(dtype)
-
-
-_E4M3 = np.dtype(jnp.float8_e4m3fn)
 
 
 # Dtypes a platform's PJRT plugin cannot hold (checked when a tensor is made).

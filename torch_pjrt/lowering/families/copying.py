@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import torch
 
 from ...storage import dtypes
+from ..apply import broadcast_cast
 from ..registry import lower
 
 aten = torch.ops.aten
@@ -13,7 +14,7 @@ aten = torch.ops.aten
 
 @lower(aten.copy.default)
 def copy(self, src, non_blocking=False):
-    return dtypes.convert(jnp.broadcast_to(src, self.shape), self.dtype)
+    return broadcast_cast(src, self.shape, self.dtype)
 
 
 @lower(aten.clone.default)
@@ -29,7 +30,7 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)
 def fill(self, value):
-    return jnp.broadcast_to(dtypes.convert(value, self.dtype), self.shape)
+    return broadcast_cast(value, self.shape, self.dtype)
 
 
 @lower(aten.zero.default)
