@@ -33,13 +33,13 @@ def _compare(make, x, state=None, tol=None):
 def calls(monkeypatch):
     """How many calls reached the scanned operator."""
     seen = []
-    scanned = lstm_kernel.lstm
+    scanned = lstm_kernel.scanned
 
     def counted(*args):
         seen.append(1)
         return scanned(*args)
 
-    monkeypatch.setattr(lstm_kernel, "lstm", counted)
+    monkeypatch.setattr(lstm_kernel, "scanned", counted)
     return seen
 
 
@@ -105,3 +105,25 @@ def test_compiled_model_with_an_lstm_matches_cpu():
     got = step("pjrt")
     for g, w in zip(got, want):
         torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_without_gradients_the_inference_op_runs(monkeypatch):
+    """Under no_grad the op that saves nothing runs; with gradients the training op runs
+    once and the backward reads what it saved (the forward is not computed again)."""
+    ran = []
+    for name in ("lstm", "lstm_train", "lstm_backward"):
+        op = getattr(lstm_kernel, name)
+        monkeypatch.setattr(lstm_kernel, name,
+                            lambda *a, _op=op, _name=name: ran.append(_name) or _op(*a))
+    torch.manual_seed(0)
+    cpu = torch.nn.LSTM(5, 6, 2, bidirectional=True)
+    dev = torch.nn.LSTM(5, 6, 2, bidirectional=True).to("pjrt")
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(7, 3, 5)
+    with torch.no_grad():
+        got, want = dev(x.to("pjrt"))[0], cpu(x)[0]
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    assert ran == ["lstm"]
+    ran.clear()
+    dev(x.to("pjrt"))[0].sum().backward()
+    assert ran == ["lstm_train", "lstm_backward"]
