@@ -336,8 +336,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--chunk", type=int, default=2, help="steps per turn")
     # Warm-up covers a whole cycle of the pool and one step more: the batches are views at
-    # POOL offsets of one device buffer, and programs are keyed by those offsets (the
-    # LSTM's backward, compiled per offset, showed up in the timed rounds as 8x).
+    # POOL offsets of one device buffer (the view at offset 0 and those at the others are
+    # two programs; before offsets were run-time values each offset compiled its own, and
+    # the LSTM's backward, compiled inside the timed rounds, read as 8x).
     p.add_argument("--warmup", type=int, default=3, help="chunks before the timed rounds")
     p.add_argument("--smoke", action="store_true",
                    help="small sizes, 2 steps, no Inductor, losses checked; for CI")

@@ -1,6 +1,12 @@
 """The Python cache key of an op call: each tensor's storage (numbered in the call),
 dtype, shape, stride, offset and view flags; static arguments by value; run-time
-numbers by type, their values gathered apart. Programs are cached under it."""
+numbers by type, their values gathered apart. Programs are cached under it.
+
+A contiguous view the op reads (does not write) at a nonzero offset has its offset among
+the run-time values (DYNAMIC in its part): batches taken as `data[i]` from one device
+tensor share one program instead of compiling one per offset. The native key builder
+(runtime/native/op_kernel.cpp, KeyBuilder::tensor) applies the same rule,
+`dynamic_offset`, in the same argument order: the program reads the values in it."""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import torch
 
 from .. import runtime
 from ..runtime import DEVICE_TYPE as _PJRT
-from ..storage import table
+from ..storage import table, views
 from .errors import device_mismatch
 from .opspec import (
     GENERATOR,
@@ -24,6 +30,14 @@ from .opspec import (
 )
 
 _records = table._records
+DYNAMIC = "dyn"  # in a tensor part's offset place: the offset is a run-time value
+
+
+def dynamic_offset(shape, stride, offset: int) -> bool:
+    """Whether a view read by an op has its offset passed at run time: a nonzero offset
+    of a contiguous, non-empty view (the twin of KeyBuilder::dynamic_offset in C++).
+    Written views keep theirs in the key: the program's writes are laid out by it."""
+    return offset > 0 and 0 not in shape and views.is_contiguous(shape, stride)
 
 
 class Call:
@@ -39,9 +53,9 @@ class Call:
         self.dyn: list[Any] = []
         self.device: int | None = None
 
-    def tensor_part(self, t) -> tuple:
-        """(buffer, dtype, shape, stride, offset, storage numel, storage dtype, uninitialized,
-        view flags: 1 conjugate bit, 2 negative bit)."""
+    def tensor_part(self, t, written: bool = False) -> tuple:
+        """(buffer, dtype, shape, stride, offset or DYNAMIC, storage numel, storage dtype,
+        uninitialized, view flags: 1 conjugate bit, 2 negative bit)."""
         try:
             ptr = t.untyped_storage().data_ptr()
         except AttributeError:  # a Python number PyTorch wrapped as a tensor
@@ -62,7 +76,11 @@ class Call:
             self.recs.append(rec)
         else:
             rec = self.recs[idx]
-        return (idx, t.dtype, t.shape, t.stride(), t.storage_offset(), rec.numel,
+        offset = t.storage_offset()
+        if not written and offset and dynamic_offset(t.shape, t.stride(), offset):
+            self.dyn.append(offset)
+            offset = DYNAMIC
+        return (idx, t.dtype, t.shape, t.stride(), offset, rec.numel,
                 rec.dtype, rec.value is None, t.is_conj() + 2 * t.is_neg())
 
     def _other_tensor(self, t: torch.Tensor) -> table.StorageRecord | None:
@@ -92,14 +110,15 @@ def key_of(call: Call) -> tuple:
                 parts.append(call.tensor_part(v))
                 continue
             rec = _records.get(ptr)
-            if rec is None or ptr in bufidx or (call.device is not None
-                                                and rec.device != call.device):
-                parts.append(call.tensor_part(v))
+            offset = v.storage_offset()
+            if rec is None or ptr in bufidx or offset or (call.device is not None
+                                                          and rec.device != call.device):
+                parts.append(call.tensor_part(v, a.write))
                 continue
             call.device = rec.device
             idx = bufidx[ptr] = len(call.recs)
             call.recs.append(rec)
-            parts.append((idx, v.dtype, v.shape, v.stride(), v.storage_offset(), rec.numel,
+            parts.append((idx, v.dtype, v.shape, v.stride(), 0, rec.numel,
                           rec.dtype, rec.value is None, v.is_conj() + 2 * v.is_neg()))
         elif kind == SCALAR:
             if a.name in spec.static_scalars or (v == a.default and type(v) is type(a.default)):
@@ -108,9 +127,10 @@ def key_of(call: Call) -> tuple:
                 dyn.append(v)
                 parts.append(type(v))
         elif kind == OPT_TENSOR:
-            parts.append(None if v is None else call.tensor_part(v))
+            parts.append(None if v is None else call.tensor_part(v, a.write))
         elif kind == TENSOR_LIST or kind == OPT_TENSOR_LIST:
-            parts.append(tuple(None if t is None else call.tensor_part(t) for t in v))
+            parts.append(tuple(None if t is None else call.tensor_part(t, a.write)
+                               for t in v))
         elif kind == SCALAR_LIST:  # run-time values, like Scalar (an optimizer's step sizes)
             dyn.extend(v)
             parts.append(("sl", tuple(type(x) for x in v)))

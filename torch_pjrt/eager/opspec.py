@@ -139,7 +139,7 @@ _tokens = itertools.count()
 
 # The native key builder's argument codes (runtime/native/shim.cpp, lookup).
 _FAST_TENSOR, _FAST_OPT_TENSOR, _FAST_TENSOR_LIST, _FAST_STATIC, _FAST_SCALAR, _FAST_OTHER, \
-    _FAST_NONE = range(7)
+    _FAST_NONE, _FAST_WRITTEN_TENSOR, _FAST_WRITTEN_TENSOR_LIST = range(9)
 
 
 def _is_nan(value) -> bool:
@@ -155,11 +155,11 @@ def _fast_plan(args: list[ArgSpec], static: frozenset) -> tuple:
     codes = []
     for a in args:
         if a.kind == TENSOR:
-            codes.append(_FAST_TENSOR)
-        elif a.kind == OPT_TENSOR:
-            codes.append(_FAST_OPT_TENSOR)
+            codes.append(_FAST_WRITTEN_TENSOR if a.write else _FAST_TENSOR)
+        elif a.kind == OPT_TENSOR:  # (a written optional tensor: the Python key)
+            codes.append(_FAST_NONE if a.write else _FAST_OPT_TENSOR)
         elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
-            codes.append(_FAST_TENSOR_LIST)
+            codes.append(_FAST_WRITTEN_TENSOR_LIST if a.write else _FAST_TENSOR_LIST)
         elif a.kind == SCALAR:
             codes.append(_FAST_STATIC if a.name in static else _FAST_SCALAR)
         elif a.kind == OTHER:

@@ -17,7 +17,7 @@ from ..lowering import apply, checks
 from ..runtime import warm_start
 from ..storage import dtypes, table, views
 from . import graph
-from .call_key import unhashable
+from .call_key import DYNAMIC, unhashable
 from .errors import ExecutionError, runtime_error
 from .opspec import (
     GENERATOR,
@@ -101,8 +101,11 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             idx, dtype, shape, stride, offset = part[:5]
             if flat_math and len(shape) > 1:  # see _shape_agnostic
                 shape, stride = (math.prod(shape),), (1,)
-            return _resolve_flags(views.read(bufs[idx], shape, stride, offset,
-                                             dtypes.to_jax(dtype)), part[8])
+            if offset == DYNAMIC:  # a contiguous view at an offset given at run time
+                value = views.read_at(bufs[idx], shape, next(dyn_iter), dtypes.to_jax(dtype))
+            else:
+                value = views.read(bufs[idx], shape, stride, offset, dtypes.to_jax(dtype))
+            return _resolve_flags(value, part[8])
 
         values = []
         for a, part in zip(spec.args, arg_parts):

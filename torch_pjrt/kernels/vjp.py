@@ -21,7 +21,7 @@ from torch._library import autograd as torch_autograd
 from torch.utils import _pytree as pytree
 
 from ..lowering import apply
-from . import device, host, library
+from . import autograd_kernel, device, host, library
 
 NAMESPACE = "pjrt_kernels"
 
@@ -41,8 +41,10 @@ def install(op: library.OpOverload, fn: Callable, dispatch_key: str) -> library.
     backward_op = _define_backward(op, fn)
     formula = _Formula(op, backward_op)
     impl = torch_autograd.make_autograd_impl(op, formula)
-    library.library(op.namespace).impl(library.name_in_namespace(op), impl, dispatch_key,
-                                       with_keyset=True)
+    if dispatch_key != "AutogradPrivateUse1":
+        library.library(op.namespace).impl(library.name_in_namespace(op), impl, dispatch_key,
+                                           with_keyset=True)
+    autograd_kernel.install(op, impl)  # pjrt tensors: Python only where gradients are recorded
     return backward_op
 
 

@@ -175,6 +175,16 @@ def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     return jnp.broadcast_to(dense.reshape(kept), shape)
 
 
+def read_at(flat, shape: Shape, offset, dtype=None):
+    """A contiguous, non-empty view at a run-time `offset` (a traced integer): one program
+    serves the view at every offset that keeps it inside the buffer, as all of PyTorch's
+    do (call_key.dynamic_offset)."""
+    if dtype is not None:
+        flat = reinterpret(flat, dtype)
+    numel = math.prod(shape)
+    return lax.dynamic_slice(flat, (offset,), (numel,)).reshape(shape)
+
+
 def _differs(a, b):
     """Elementwise a != b, where NaN equals NaN (a NaN left in place is not a write)."""
     if jnp.issubdtype(a.dtype, jnp.inexact):

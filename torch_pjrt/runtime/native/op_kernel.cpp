@@ -136,7 +136,10 @@ PyObject* rec_attr(PyObject* rec, int slot, PyObject* name) {
 // every argument present) differ in their argument count's sign, so each finds the
 // entries filed under its own.
 enum ArgCode : long { kTensor = 0, kOptTensor = 1, kTensorList = 2, kStatic = 3,
-                      kScalar = 4, kOther = 5 };
+                      kScalar = 4, kOther = 5, kNone = 6, kWrittenTensor = 7,
+                      kWrittenTensorList = 8 };
+// In a tensor's offset place in the key: its offset is among the run-time values.
+constexpr int64_t kDynamicOffset = -30;
 
 std::vector<PyObject*> dtype_codes;  // storage dtypes seen (strong references)
 
@@ -182,7 +185,23 @@ struct KeyBuilder {
     return PyList_Append(dyn, o) == 0;
   }
 
-  bool tensor(const at::Tensor& t) {
+  // call_key.dynamic_offset's twin: a read view whose offset is a run-time value (a
+  // nonzero offset of a contiguous, non-empty view, by views.is_contiguous's rule).
+  static bool dynamic_offset(const at::Tensor& t) {
+    if (t.storage_offset() <= 0) return false;
+    auto sizes = t.sizes();
+    auto strides = t.strides();
+    int64_t expected = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+      if (sizes[i] == 0) return false;
+      if (sizes[i] != 1 && strides[i] != expected) return false;
+      expected *= sizes[i];
+    }
+    return true;
+  }
+
+  // `written`: the op writes this argument (its offset stays in the key).
+  bool tensor(const at::Tensor& t, bool written = false) {
     if (!t.defined() || t.device().type() != kPjrt || !t.has_storage() || t.is_sparse())
       return false;
     uintptr_t ptr = reinterpret_cast<uintptr_t>(t.storage().data());
@@ -223,7 +242,16 @@ struct KeyBuilder {
     sig.push_back(n);
     sig.insert(sig.end(), sizes.begin(), sizes.end());
     sig.insert(sig.end(), strides.begin(), strides.end());
-    sig.push_back(t.storage_offset());
+    if (!written && dynamic_offset(t)) {
+      sig.push_back(kDynamicOffset);
+      PyObject* offset = PyLong_FromLongLong(t.storage_offset());
+      if (offset == nullptr) return false;
+      bool ok = PyList_Append(dyn, offset) == 0;
+      Py_DECREF(offset);
+      if (!ok) return false;
+    } else {
+      sig.push_back(t.storage_offset());
+    }
     sig.push_back(numel);
     sig.push_back(code);
     sig.push_back(int64_t(uninit) | int64_t(t.is_conj()) << 1 | int64_t(t.is_neg()) << 2);
@@ -231,12 +259,12 @@ struct KeyBuilder {
   }
 
   // A Python argument where the schema has a Tensor: a pjrt tensor, else a number.
-  bool tensor(PyObject* o) {
+  bool tensor(PyObject* o, bool written = false) {
     if (!THPVariable_Check(o)) return number(o);
-    return tensor(THPVariable_Unpack(o));
+    return tensor(THPVariable_Unpack(o), written);
   }
 
-  bool tensor_list(PyObject* o) {
+  bool tensor_list(PyObject* o, bool written = false) {
     if (!PyList_Check(o) && !PyTuple_Check(o)) return false;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     PyObject** items = PySequence_Fast_ITEMS(o);
@@ -244,18 +272,18 @@ struct KeyBuilder {
     sig.push_back(n);
     for (Py_ssize_t i = 0; i < n; ++i) {
       if (items[i] == Py_None) sig.push_back(-10);
-      else if (!tensor(items[i])) return false;
+      else if (!tensor(items[i], written)) return false;
     }
     return true;
   }
 
-  bool tensor_list(const c10::IValue& v) {
+  bool tensor_list(const c10::IValue& v, bool written = false) {
     if (v.isTensorList()) {
       auto list = v.toTensorList();
       sig.push_back(-20);
       sig.push_back(int64_t(list.size()));
       for (const at::Tensor& t : list)
-        if (!tensor(t)) return false;
+        if (!tensor(t, written)) return false;
       return true;
     }
     if (!v.isList()) return false;
@@ -264,7 +292,7 @@ struct KeyBuilder {
     sig.push_back(int64_t(list.size()));
     for (const c10::IValue& x : list) {
       if (x.isNone()) sig.push_back(-10);
-      else if (!x.isTensor() || !tensor(x.toTensor())) return false;
+      else if (!x.isTensor() || !tensor(x.toTensor(), written)) return false;
     }
     return true;
   }
@@ -405,11 +433,13 @@ PyObject* lookup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     PyObject* v = PyTuple_GET_ITEM(args, i);
     switch (PyLong_AsLong(PyTuple_GET_ITEM(codes, i))) {
       case kTensor: return kb.tensor(v);
+      case kWrittenTensor: return kb.tensor(v, true);
       case kOptTensor:
         if (v != Py_None) return kb.tensor(v);
         kb.sig.push_back(-10);
         return true;
       case kTensorList: return kb.tensor_list(v);
+      case kWrittenTensorList: return kb.tensor_list(v, true);
       case kStatic: return kb.fixed(v);
       case kScalar: return kb.scalar(v, PyTuple_GET_ITEM(defaults, i));
       case kOther: return kb.other(v);
@@ -713,6 +743,21 @@ bool has_mask(c10::ArrayRef<c10::IValue> args) {
   return false;
 }
 
+// A Python kernel's result onto the stack, by the op's schema.
+void push_returns(const c10::FunctionSchema& schema, const py::object& result,
+                  torch::jit::Stack* stack) {
+  const auto& returns = schema.returns();
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(result, returns[0].real_type()));
+  } else if (returns.size() > 1) {
+    py::tuple items = result.cast<py::tuple>();
+    TORCH_CHECK(items.size() == returns.size(), "pjrt: ", schema.name(), " returned ",
+                items.size(), " values, its schema has ", returns.size());
+    for (size_t i = 0; i < returns.size(); ++i)
+      stack->push_back(torch::jit::toIValue(items[i], returns[i].real_type()));
+  }
+}
+
 // The PrivateUse1 kernel of one lowered op.
 struct OpKernel final : c10::OperatorKernel {
   PyObject* spec;  // opspec.OpSpec (strong references, never released: ops live forever)
@@ -731,7 +776,7 @@ struct OpKernel final : c10::OperatorKernel {
     return kb.key(S.records, plan, n, -n, S.cache, [&](Py_ssize_t i) {
       const c10::IValue& v = args[size_t(i)];
       long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
-      if (code == kTensor || code == kOptTensor) {
+      if (code == kTensor || code == kOptTensor || code == kWrittenTensor) {
         if (code == kOptTensor && (v.isNone() || (v.isTensor() && !v.toTensor().defined()))) {
           kb.sig.push_back(-10);
           return true;
@@ -742,9 +787,10 @@ struct OpKernel final : c10::OperatorKernel {
           Py_DECREF(number);
           return ok;
         }
-        return kb.tensor(v.toTensor());
+        return kb.tensor(v.toTensor(), code == kWrittenTensor);
       }
-      if (code == kTensorList) return kb.tensor_list(v);
+      if (code == kTensorList || code == kWrittenTensorList)
+        return kb.tensor_list(v, code == kWrittenTensorList);
       if (code != kStatic && code != kScalar && code != kOther) return false;
       if (v.isTensor() || v.isTensorList() || v.isGenerator() || v.isDevice()) return false;
       py::object o = py::reinterpret_steal<py::object>(
@@ -818,20 +864,78 @@ struct OpKernel final : c10::OperatorKernel {
                          : PyObject_CallFunctionObjArgs(S.call, spec, found.ptr(), values.ptr(),
                                                         nullptr);
     if (r == nullptr) throw py::error_already_set();
-    py::object result = py::reinterpret_steal<py::object>(r);
     torch::jit::drop(*stack, n);
-    const auto& returns = schema.returns();
-    if (returns.size() == 1) {
-      stack->push_back(torch::jit::toIValue(result, returns[0].real_type()));
-    } else if (returns.size() > 1) {
-      py::tuple items = result.cast<py::tuple>();
-      TORCH_CHECK(items.size() == returns.size(), "pjrt: ", schema.name(), " returned ",
-                  items.size(), " values, its schema has ", returns.size());
-      for (size_t i = 0; i < returns.size(); ++i)
-        stack->push_back(torch::jit::toIValue(items[i], returns[i].real_type()));
-    }
+    push_returns(schema, py::reinterpret_steal<py::object>(r), stack);
   }
 };
+
+// ------------------------------------------------------------ autograd kernel
+// The AutogradPrivateUse1 kernel of a custom operator with a pjrt kernel
+// (kernels/autograd_kernel.py). Without gradients to record (grad mode off, or no tensor
+// argument requiring grad) the call goes below autograd to the op's pjrt kernel in C++,
+// as a built-in op's does; the Python autograd kernel that custom_op and the jax.vjp
+// formula use (torch._library.autograd) costs several times the op itself there. With
+// gradients, `slow(keyset, *arguments)` (that Python kernel) runs.
+bool requires_grad(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined() && v.toTensor().requires_grad();
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList())
+      if (t.defined() && t.requires_grad()) return true;
+    return false;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& x : v.toListRef())
+      if (requires_grad(x)) return true;
+  }
+  return false;
+}
+
+struct AutogradKernel final : c10::OperatorKernel {
+  // A strong reference never released, as OpKernel's: kernels live until the process
+  // ends, when the dispatcher's destruction can no longer take the GIL.
+  PyObject* slow;
+
+  explicit AutogradKernel(py::object slow_) : slow(slow_.release().ptr()) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    size_t n = schema.arguments().size();
+    auto args = torch::jit::last(*stack, n);
+    bool grad = false;
+    if (at::GradMode::is_enabled())
+      for (const c10::IValue& v : args) grad = grad || requires_grad(v);
+    if (!grad) {
+      c10::impl::ExcludeDispatchKeyGuard below(c10::autograd_dispatch_keyset);
+      op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    py::tuple values(n + 1);
+    values[0] = py::cast(keys);
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* v = to_python(args[i], schema.arguments()[i]);
+      if (v == nullptr) throw py::error_already_set();
+      PyTuple_SET_ITEM(values.ptr(), Py_ssize_t(i + 1), v);
+    }
+    PyObject* r = PyObject_Call(slow, values.ptr(), nullptr);
+    if (r == nullptr) throw py::error_already_set();
+    torch::jit::drop(*stack, n);
+    push_returns(schema, py::reinterpret_steal<py::object>(r), stack);
+  }
+};
+
+// register_autograd_kernel(namespace, name, slow): the kernel above for one operator.
+void register_autograd_kernel(const std::string& ns, const std::string& name,
+                              py::object slow) {
+  static std::map<std::string, torch::Library*> libraries;  // one per namespace, never freed
+  torch::Library*& lib = libraries[ns];
+  if (lib == nullptr)
+    lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::AutogradPrivateUse1,
+                             __FILE__, __LINE__);
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                              std::make_unique<AutogradKernel>(std::move(slow))));
+}
 
 // register_op_kernels(namespace, [(name, spec, masks), ...]): the kernel above for each
 // op; `masks`: its Python kernel for calls indexing with boolean masks, or None.
@@ -930,6 +1034,7 @@ void add_op_kernel(py::module& m) {
   if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) throw py::error_already_set();
   m.def("configure_op_kernel", &configure);
   m.def("register_op_kernels", &register_op_kernels);
+  m.def("register_autograd_kernel", &register_autograd_kernel);
   m.def("set_python_records", [](bool on) { python_records = on; });
 }
 

@@ -1,0 +1,123 @@
+"""Views at other offsets of one storage share a program: a read view's offset is a
+run-time value (call_key.dynamic_offset), in the Python key and the native key alike.
+Differential against CPU PyTorch in every eager mode; the compile counts show the sharing."""
+
+import copy
+
+import pytest
+import torch
+
+import torch_pjrt
+
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
+
+def _compiles() -> int:
+    return torch_pjrt.metrics().get("compiles", 0)
+
+
+def _check(fn, *cpu_args):
+    got = fn(*[a.to("pjrt") for a in cpu_args])
+    torch.testing.assert_close(got.cpu(), fn(*cpu_args), rtol=1e-5, atol=1e-6)
+
+
+def test_a_pool_of_batches_compiles_once_for_every_nonzero_offset():
+    torch.manual_seed(0)
+    data, w = torch.randn(12, 8, 4), torch.randn(4, 3)
+    d, dw = data.to("pjrt"), w.to("pjrt")
+    counts = []
+    for i in range(12):
+        before = _compiles()
+        got = torch.nn.functional.gelu(d[i] @ dw).softmax(-1).sum(0)
+        torch.testing.assert_close(got.cpu(), torch.nn.functional.gelu(data[i] @ w)
+                                   .softmax(-1).sum(0), rtol=1e-5, atol=1e-6)
+        counts.append(_compiles() - before)
+    assert sum(counts[2:]) == 0, counts  # offset 0, then one program for every other
+
+
+def test_slices_and_narrow_views_at_run_time_offsets():
+    x = torch.randn(64)
+    for start in (0, 1, 7, 30, 56):
+        _check(lambda t, start=start: t[start:start + 8] * 3 - t[start // 2:start // 2 + 8], x)
+        _check(lambda t, start=start: t.narrow(0, start, 8).exp(), x)
+    m = torch.randn(10, 6)
+    for row in range(10):
+        _check(lambda t, row=row: t[row].cumsum(0) + t[row:row + 1].sum(), m)
+
+
+def test_the_same_storage_read_at_two_offsets_and_written_at_a_third():
+    base = torch.arange(40, dtype=torch.float32).reshape(10, 4)
+    for i in range(10):
+        def fn(t, i=i):
+            t = t.clone()
+            t[i].add_(t[(i + 3) % 10] * t[(i + 7) % 10])  # written view: static offset
+            return t
+        _check(fn, base)
+
+
+def test_out_and_in_place_into_views_at_offsets():
+    base = torch.randn(6, 5)
+    for i in range(6):
+        def fn(t, i=i):
+            t = t.clone()
+            torch.mul(t[(i + 1) % 6], 2, out=t[i])
+            t[i].mul_(t[(i + 2) % 6])
+            return t
+        _check(fn, base)
+
+
+def test_tensor_lists_of_views_at_offsets():
+    base = torch.randn(8, 3)
+    for i in range(1, 6):
+        _check(lambda t, i=i: torch.cat([t[i], t[i + 1], t[0]]), base)
+        _check(lambda t, i=i: torch.stack(torch._foreach_mul([t[i], t[i + 2]], 2.0)), base)
+
+
+def test_reinterpreted_views_at_offsets():
+    x = torch.randn(16)
+    for start in (0, 2, 5):
+        _check(lambda t, start=start: t[start:start + 4].view(torch.int32) & 0xFFFF, x)
+        _check(lambda t, start=start: t.view(torch.int32)[start:start + 4] >> 3, x)
+
+
+def test_python_and_native_keys_read_the_same_offsets():
+    """Keyword arguments take the Python key, positional ones the native key: both must
+    pass the offset at the same place among the run-time values."""
+    x = torch.randn(20)
+    for s in (3, 9, 3, 9):
+        _check(lambda t, s=s: torch.add(t[s:s + 5], t[s + 1:s + 6], alpha=2.0), x)
+        _check(lambda t, s=s: torch.add(t[s:s + 5], t[s + 1:s + 6]), x)
+        _check(lambda t, s=s: t[s:s + 5] + 2.5 * t[2 + s:s + 7], x)
+
+
+def test_conjugate_and_negative_views_at_offsets():
+    z = torch.randn(12, dtype=torch.complex64)
+    for start in (0, 4):
+        _check(lambda t, start=start: t[start:start + 4].conj() * 2, z)
+        _check(lambda t, start=start: torch._neg_view(t[start:start + 4]) + 1, z)
+
+
+def test_a_training_loop_over_a_device_pool_stops_compiling():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    xs, ys = torch.randn(10, 5, 6), torch.randn(10, 5, 1)
+    cpu, dev = model, copy.deepcopy(model).to("pjrt")
+    dx, dy = xs.to("pjrt"), ys.to("pjrt")
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_d = torch.optim.SGD(dev.parameters(), lr=0.1)
+    late = 0
+    for step in range(10):
+        before = _compiles()
+        for m, o, x, y in ((cpu, opt_c, xs, ys), (dev, opt_d, dx, dy)):
+            loss = torch.nn.functional.mse_loss(m(x[step]), y[step])
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            if m is dev:
+                got = loss.item()
+            else:
+                want = loss.item()
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+        if step >= 3:
+            late += _compiles() - before
+    assert late == 0
