@@ -120,12 +120,18 @@ def observe(ns: dict) -> dict[str, dict]:
             "offset": t.storage_offset(),
             "same": first_of[id(t)], "storage": storage_of[t.untyped_storage()._cdata],
             "base": None if base is None else first_of.get(id(base), "another tensor"),
-            "version": t._version, "requires_grad": t.requires_grad, "is_leaf": t.is_leaf,
-            "grad_fn": None if t.grad_fn is None else type(t.grad_fn).__name__,
+            "version": t._version, "requires_grad": t.requires_grad,
             "conj": t.is_conj(), "neg": t.is_neg(),
             "value": _host(t),
-            "grad": _host(t.grad) if (t.is_leaf or t.retains_grad) else None,
         }
+        try:  # raises for a view of a multi-output view op whose base was written in place
+            grad_fn, leaf = t.grad_fn, t.is_leaf
+        except RuntimeError as e:
+            state[n].update(is_leaf=type(e).__name__, grad_fn=type(e).__name__, grad=None)
+            continue
+        state[n].update(is_leaf=leaf,
+                        grad_fn=None if grad_fn is None else type(grad_fn).__name__,
+                        grad=_host(t.grad) if (leaf or t.retains_grad) else None)
     return state
 
 
