@@ -60,6 +60,10 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_FUZZ_EXAMPLES", "300", "tests/fuzz: how many random programs the "
            "differential fuzz test runs (a fixed seed; the compiled test runs a tenth as "
            "many); more for a long sweep (docs/reliability.md)."),
+    EnvVar("TORCH_PJRT_CONV_PATCHES", "1", "On the cpu platform: 1: convolutions with a "
+           "small output image (at most 64 positions) or few input values per patch (at "
+           "most 32) run as one matrix product of their patches, where XLA:CPU's "
+           "convolution is slow; 0: XLA's convolution always (lowering/families/conv.py)."),
     EnvVar("TORCH_PJRT_VERBOSE", "0", "1: print compiles, recompiles and CPU fallbacks to "
            "stderr (a shortcut: the `torch_pjrt` logger at INFO with a stderr handler; "
            "applications configure that logger as any other)."),

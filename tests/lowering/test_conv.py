@@ -156,3 +156,68 @@ def test_small_cnn_training_steps_match_cpu():
     for name, value in results["cpu"][1].items():
         assert_same(results["pjrt"][1][name], value, atol=1e-4, rtol=1e-4)
     assert torch_pjrt.metrics()["cpu_fallbacks"] == before
+
+
+# Both of the cpu platform's ways to convolve (lowering/families/conv.py): the product of
+# patches (small output images, few input channels) and XLA's convolution. The device runs
+# whichever its rule picks; here each lowering is called directly in JAX with the rule
+# forced, so both stay tested wherever the rule would not pick them.
+PATH_CASES = {  # (spatial size, in, out, kernel, stride, padding, dilation)
+    "resnet 2x2, 16 channels": ((2, 2), 16, 16, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "resnet stride 2": ((4, 4), 8, 16, (3, 3), (2, 2), (1, 1), (1, 1)),
+    "stem, 3 channels": ((12, 12), 3, 8, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "1d dilated": ((11,), 3, 5, (3,), (2,), (2,), (2,)),
+    "2d odd": ((7, 6), 3, 4, (3, 2), (2, 1), (1, 0), (1, 2)),
+    "2d leftover": ((9, 8), 2, 3, (2, 3), (3, 2), (0, 1), (1, 1)),
+    "3d": ((4, 5, 3), 2, 3, (2, 3, 1), (1, 2, 1), (0, 1, 0), (2, 1, 1)),
+    "1x1 stride 2": ((6, 6), 4, 8, (1, 1), (2, 2), (0, 0), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("patches", [True, False], ids=["patches", "xla-conv"])
+@pytest.mark.parametrize("case", sorted(PATH_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_patches_and_xla_convolution_match_cpu(case, patches, dtype, monkeypatch):
+    import jax.numpy as jnp
+
+    from torch_pjrt.lowering.families import conv
+    from torch_pjrt.storage import dtypes
+
+    monkeypatch.setattr(conv, "_use_patches", lambda *a, **k: patches)
+    size, cin, cout, k, s, p, d = PATH_CASES[case]
+    torch.manual_seed(0)
+    x, w = torch.randn(3, cin, *size, dtype=dtype), torch.randn(cout, cin, *k, dtype=dtype)
+    b = torch.randn(cout, dtype=dtype)
+    out = aten.convolution(x, w, b, list(s), list(p), list(d), False, [0] * len(k), 1)
+    grad = torch.randn_like(out)
+    want = aten.convolution_backward(grad, x, w, [cout], list(s), list(p), list(d), False,
+                                     [0] * len(k), 1, [True, True, True])
+
+    def arr(t):
+        return jnp.asarray(t.float().numpy()).astype(dtypes.to_jax(dtype))
+
+    got_out = conv.convolution(arr(x), arr(w), arr(b), list(s), list(p), list(d), False,
+                               [0] * len(k), 1)
+    got = conv.convolution_backward(arr(grad), arr(x), arr(w), [cout], list(s), list(p),
+                                    list(d), False, [0] * len(k), 1, [True, True, True])
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
+    for g, e in zip((got_out, *got), (out, *want)):
+        assert g.dtype == dtypes.to_jax(dtype)
+        torch.testing.assert_close(torch.from_numpy(jnp.asarray(g, jnp.float32).__array__()),
+                                   e.float(), **tol)
+
+
+def test_the_rule_picks_patches_for_small_images_on_cpu():
+    import jax.numpy as jnp
+
+    from torch_pjrt.lowering.families import conv
+    from torch_pjrt.runtime import client
+
+    on_cpu = client.platform() == "cpu"
+    small = jnp.zeros((2, 64, 2, 2)), jnp.zeros((64, 64, 3, 3))
+    large = jnp.zeros((2, 64, 16, 16)), jnp.zeros((64, 64, 3, 3))
+    stem = jnp.zeros((2, 3, 32, 32)), jnp.zeros((16, 3, 3, 3))
+    assert conv._use_patches(*small, (2, 2), 1) == on_cpu
+    assert conv._use_patches(*stem, (32, 32), 1) == on_cpu
+    assert not conv._use_patches(*large, (16, 16), 1)
+    assert not conv._use_patches(*small, (2, 2), 2)  # grouped: XLA's convolution

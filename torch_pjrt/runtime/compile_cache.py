@@ -90,6 +90,8 @@ def _prefix(device_index: int) -> str:
     # compiler options given through the environment change the program XLA builds
     flags = ";".join(f"{v}={os.environ.get(v, '')}" for v in _COMPILER_ENV)
     flags += f";cpu_kernels={cpu_kernels.available()}"  # custom calls in the programs
+    # lowerings that pick another formulation by a switch (convolutions as patches)
+    flags += f";conv_patches={_env.flag('TORCH_PJRT_CONV_PATCHES')}"
     return (f"torch={torch.__version__};jax={jax.__version__};jaxlib={jaxlib.__version__};"
             f"src={_source_hash()};platform={d.platform};kind={d.device_kind};"
             f"devices={client.device_count()};{flags};")
