@@ -743,6 +743,16 @@ bool has_mask(c10::ArrayRef<c10::IValue> args) {
   return false;
 }
 
+// The registration library of a namespace for one dispatch key (never freed: the kernels
+// registered through it live as long as the process).
+torch::Library* library(const std::string& ns, c10::DispatchKey key) {
+  static std::map<std::pair<std::string, c10::DispatchKey>, torch::Library*> libraries;
+  torch::Library*& lib = libraries[{ns, key}];
+  if (lib == nullptr)
+    lib = new torch::Library(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
+  return lib;
+}
+
 // A Python kernel's result onto the stack, by the op's schema.
 void push_returns(const c10::FunctionSchema& schema, const py::object& result,
                   torch::jit::Stack* stack) {
@@ -928,13 +938,9 @@ struct AutogradKernel final : c10::OperatorKernel {
 // register_autograd_kernel(namespace, name, slow): the kernel above for one operator.
 void register_autograd_kernel(const std::string& ns, const std::string& name,
                               py::object slow) {
-  static std::map<std::string, torch::Library*> libraries;  // one per namespace, never freed
-  torch::Library*& lib = libraries[ns];
-  if (lib == nullptr)
-    lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::AutogradPrivateUse1,
-                             __FILE__, __LINE__);
-  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                              std::make_unique<AutogradKernel>(std::move(slow))));
+  library(ns, c10::DispatchKey::AutogradPrivateUse1)
+      ->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                               std::make_unique<AutogradKernel>(std::move(slow))));
 }
 
 // register_op_kernels(namespace, [(name, spec, masks), ...]): the kernel above for each
@@ -942,11 +948,7 @@ void register_autograd_kernel(const std::string& ns, const std::string& name,
 void register_op_kernels(const std::string& ns,
                          const std::vector<std::tuple<std::string, py::object, py::object>>& ops) {
   TORCH_CHECK(configured, "pjrt: configure_op_kernel() first");
-  static std::map<std::string, torch::Library*> libraries;  // one per namespace, never freed
-  torch::Library*& lib = libraries[ns];
-  if (lib == nullptr)
-    lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1,
-                             __FILE__, __LINE__);
+  torch::Library* lib = library(ns, c10::DispatchKey::PrivateUse1);
   for (const auto& [name, spec, masks] : ops) {
     lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
                                 std::make_unique<OpKernel>(spec, spec.attr("plan"), masks)));
