@@ -36,10 +36,9 @@ def register_jax(op, fn: Callable | None = None, /, *, vjp_autograd: bool = True
     fake.ensure(overload, fn)
     if vjp_autograd and vjp.applies(overload) and not _has_formula(overload):
         vjp.install(overload, fn, "AutogradPrivateUse1")
-    elif library.custom_op_def(overload) is not None:
+    elif (opdef := library.custom_op_def(overload)) is not None:
         # custom_op's own autograd kernel (its author's formula, or its error where there
         # is none), behind the C++ kernel that skips it when no gradient is recorded
-        opdef = library.custom_op_def(overload)
         autograd_kernel.install(overload, torch_autograd.make_autograd_impl(overload, opdef))
     return overload
 

@@ -52,14 +52,14 @@ def _conv(x, w, stride, padding, dilation, groups, lhs_dilation=None):
         precision=precision(), preferred_element_type=_acc_type(x.dtype))
 
 
-def _use_patches(x, w, out_spatial, groups, lhs_dilation=None) -> bool:
+def _use_patches(x, w, out_spatial, groups) -> bool:
     """Whether the convolution runs as a product of patches: on the cpu platform, for a
     plain (ungrouped, not transposed) convolution whose output image has at most 64
     positions or whose patches have at most 32 values (a network's first layer). Measured
     on the ResNet of bench/models.py, each layer forward and backward in pure jax.jit:
     XLA's convolutions 94 ms, these rules' mix 41 ms, all as patches 43 ms (patches lose
     on 16x16 images of 32 channels: 9.1 against 6.5 ms)."""
-    if groups != 1 or lhs_dilation is not None or not _env.flag("TORCH_PJRT_CONV_PATCHES"):
+    if groups != 1 or not _env.flag("TORCH_PJRT_CONV_PATCHES"):
         return False
     if client.platform() != "cpu":
         return False
