@@ -28,7 +28,10 @@ def _whole(t: torch.Tensor, rec: table.StorageRecord) -> bool:
 
 def flat(t: torch.Tensor) -> jax.Array:
     """`t`'s elements as a dense 1-D buffer."""
-    return dispatch.dense_buffer(t).reshape(-1) if t.numel() else _empty(t)
+    if not t.numel():
+        return _empty(t)
+    value = dispatch.dense_buffer(t)
+    return value if value.ndim == 1 else value.reshape(-1)
 
 
 def _empty(t: torch.Tensor) -> jax.Array:
