@@ -4,6 +4,7 @@ mode. Each check's outcome is "ok" or what differed."""
 
 from __future__ import annotations
 
+import time
 import traceback
 from datetime import timedelta
 
@@ -251,6 +252,47 @@ def async_ops():
     return check
 
 
+def queued():
+    """Collectives queue behind device work and behind each other: the host returns from two
+    all_reduces of the results of slow device work long before that work is done (it waited
+    for the first collective before launching the second until December 3)."""
+    def check(rank, n):
+        if torch_pjrt.get_eager_mode() == "debug":
+            return None  # debug mode waits for every op
+        g = torch.Generator().manual_seed(7)
+        w = (torch.randn(768, 768, generator=g) / 28).to("pjrt")
+
+        def slow():
+            x = w
+            for _ in range(16):
+                x = torch.tanh(x @ w)
+            return x
+
+        def collectives():
+            y, z = slow(), torch.ones(4, device="pjrt")
+            start = time.perf_counter()
+            dist.all_reduce(y)
+            dist.all_reduce(z)
+            return time.perf_counter() - start, y, z
+
+        for _ in range(2):  # compile (fused mode: the graphs of the steady state)
+            collectives()
+            torch.pjrt.synchronize()
+        start = time.perf_counter()
+        y = slow()
+        torch.pjrt.synchronize()
+        compute = time.perf_counter() - start
+        calls, y, z = collectives()
+        torch.pjrt.synchronize()
+        if calls > 0.5 * compute:
+            return (f"the two all_reduce calls took {calls * 1e3:.1f} ms, the device work "
+                    f"before them {compute * 1e3:.1f} ms: the host waited for it")
+        want = slow().cpu() * n
+        return _same(z, torch.full((4,), float(n))) or (
+            None if torch.allclose(y.cpu(), want, atol=1e-5) else "wrong all_reduce sum")
+    return check
+
+
 def functional(kind):
     def check(rank, n):
         x = _values((2 * n, 3), torch.float32, rank)
@@ -316,6 +358,7 @@ def checks() -> dict:
     out["barrier"] = barrier()
     out["batch_isend_irecv"] = batch_isend_irecv()
     out["async_op"] = async_ops()
+    out["queued"] = queued()
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         out[f"functional[{kind}]"] = functional(kind)
     return out
