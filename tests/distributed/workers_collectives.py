@@ -269,6 +269,7 @@ def queued():
             return x
 
         def collectives():
+            dist.barrier()  # both ranks start together: the check waits for no late rank
             y, z = slow(), torch.ones(4, device="pjrt")
             start = time.perf_counter()
             dist.all_reduce(y)
