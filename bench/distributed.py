@@ -7,8 +7,9 @@ step against the same processes without gradient sync and against CPU DDP over g
 It starts its processes itself (torch.distributed.run, torchrun's variables). pjrt
 tensors go through the `pjrt` process group twice, with the call check on (the default)
 and off (TORCH_PJRT_DIST_CHECK=0); CPU tensors through PyTorch's gloo group of the same
-processes. The candidates take turns, round after round, and each rank starts each
-measurement at a barrier; rank 0's medians are reported.
+processes; and, as the floor under the pjrt group, JAX's own jit(shard_map(psum)) on
+global arrays of the same devices. The candidates take turns, round after round, and
+each rank starts each measurement at a barrier; rank 0's medians are reported.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment, settle, write_report  # noqa: E402
 
+XLA_ALONE = "XLA alone (jit(shard_map(psum)))"
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
@@ -72,20 +74,54 @@ def _all_reduce_fn(group, device: str, nbytes: int, iters: int, each_sync: bool)
     return run
 
 
+def _xla_alone_fn(n: int, nbytes: int, iters: int, each_sync: bool):
+    """The floor under the pjrt group: JAX's own jit(shard_map(psum)) over the same
+    devices, on global arrays, no torch-pjrt code on the way."""
+    import jax
+    import numpy as np
+    from jax import lax
+    from jax.sharding import PartitionSpec
+
+    from torch_pjrt.distributed import collectives
+
+    group = collectives.Group(list(range(n)), dist.get_rank())
+    spec = PartitionSpec(collectives.AXIS)
+    psum = jax.jit(jax.shard_map(lambda x: lax.psum(x, collectives.AXIS), mesh=group.mesh,
+                                 in_specs=spec, out_specs=spec))
+    local = jax.device_put(np.zeros(max(nbytes // 4, 1), np.float32), group.device)
+    x = jax.make_array_from_single_device_arrays((n * local.shape[0],), group.sharding,
+                                                 [local])
+
+    def run() -> float:
+        start = time.perf_counter()
+        out = None
+        for _ in range(iters):
+            out = psum(x)
+            if each_sync:
+                out.block_until_ready()
+        out.block_until_ready()
+        return (time.perf_counter() - start) / iters
+
+    run()
+    return run
+
+
 def bandwidth(groups: dict, sizes: list[int], rounds: int, n: int, sync) -> dict:
     out = {}
     for size in sizes:
         iters = max(2, min(50, (32 << 20) // size))
         fns = {name: _all_reduce_fn(g, dev, size, iters, False)
                for name, (g, dev) in groups.items()}
+        fns[XLA_ALONE] = _xla_alone_fn(n, size, iters, False)
         secs = _measure(fns, rounds, sync)
         # bus bandwidth: what each link carries in a ring all-reduce, per second
         out[size] = {k: size * 2 * (n - 1) / n / s / 1e9 for k, s in secs.items()}
     return out
 
 
-def latency(groups: dict, rounds: int, sync, iters: int) -> dict:
+def latency(groups: dict, rounds: int, sync, iters: int, n: int) -> dict:
     fns = {name: _all_reduce_fn(g, dev, 4, iters, True) for name, (g, dev) in groups.items()}
+    fns[XLA_ALONE] = _xla_alone_fn(n, 4, iters, True)
     return _measure(fns, rounds, sync)
 
 
@@ -145,7 +181,7 @@ def worker(args) -> None:
     sizes = SIZES[::3] if args.smoke else SIZES
     rounds = 1 if args.smoke else args.rounds
     bw = bandwidth(groups, sizes, rounds, n, sync)
-    lat = latency(groups, rounds, sync, 20 if args.smoke else 200)
+    lat = latency(groups, rounds, sync, 20 if args.smoke else 200, n)
     step = ddp_step(groups, rounds, 2 if args.smoke else 5, sync)
     if rank == 0:
         _report(args, n, bw, lat, step)
@@ -164,7 +200,8 @@ def _report(args, n: int, bw: dict, lat: dict, step: dict) -> None:
              "rounds, candidates taking turns. `pjrt`: the `pjrt` process group on pjrt "
              "tensors (XLA's collectives, gloo underneath on XLA:CPU), with its call check "
              "(the default) and without (`TORCH_PJRT_DIST_CHECK=0`); gloo: PyTorch's gloo "
-             "group on CPU tensors.", "",
+             "group on CPU tensors; XLA alone: JAX's own `jit(shard_map(psum))` on the same "
+             "devices, no torch-pjrt code (the floor under the pjrt group).", "",
              "All-reduce (SUM, float32) bus bandwidth, GB/s (higher is better):", "",
              "| size | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for size, row in bw.items():
