@@ -294,6 +294,26 @@ def queued():
     return check
 
 
+def profiled():
+    """torch.profiler shows each collective on the device's collectives track, named by its
+    call, next to the programs."""
+    def check(rank, n):
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        d = _dev(_values((64,), torch.float32, rank))
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as p:
+            dist.all_reduce(d * 2)
+            dist.broadcast(d, 1)
+            torch.pjrt.synchronize()
+        names = [e.name for e in p.events() if e.device_type == DeviceType.PrivateUse1
+                 and e.name.startswith("pjrt collective: ")]
+        want = ["pjrt collective: all_reduce(float32[64], SUM)",
+                "pjrt collective: broadcast(float32[64], root 1)"]
+        return None if names == want else f"collectives in the profile: {names}"
+    return check
+
+
 def functional(kind):
     def check(rank, n):
         x = _values((2 * n, 3), torch.float32, rank)
@@ -360,6 +380,7 @@ def checks() -> dict:
     out["batch_isend_irecv"] = batch_isend_irecv()
     out["async_op"] = async_ops()
     out["queued"] = queued()
+    out["profiled"] = profiled()
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
         out[f"functional[{kind}]"] = functional(kind)
     return out

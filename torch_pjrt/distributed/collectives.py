@@ -19,6 +19,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..runtime import client, device_trace
+
 AXIS = "r"
 
 # torch.distributed.ReduceOp.RedOpType names
@@ -45,6 +47,8 @@ class Group:
         self.mesh = Mesh(np.array([process_device(p) for p in processes]), (AXIS,))
         self.sharding = NamedSharding(self.mesh, P(AXIS))
         self.device = self.mesh.devices[rank]
+        self.index = client.devices().index(self.device)  # as a pjrt device
+        self.label = ""  # what the next collective is called in a profile (its caller says)
         self._programs: dict[tuple, Callable] = {}
 
     def run(self, kind: str, params: tuple, arrays: list[jax.Array]) -> list[jax.Array]:
@@ -54,7 +58,8 @@ class Group:
     def run_body(self, key: tuple, make_body: Callable, arrays: list[jax.Array]
                  ) -> list[jax.Array]:
         """The SPMD program `make_body()` (a function of this rank's flat blocks, returning
-        a list of flat blocks; compiled once per `key` and input shapes) on `arrays`."""
+        a list of flat blocks; compiled once per `key` and input shapes) on `arrays`;
+        in a profile, an activity on the device's collectives track named `self.label`."""
         global _done
         if _done is None:
             _done = jax.device_put(np.zeros((1,), np.int8), self.device)
@@ -70,8 +75,14 @@ class Group:
         # takes the one before's done marker as an input: PJRT starts it once that one has
         # finished, in the order of the calls, and the host never waits for it.
         executable, count = program
+        launched = device_trace.now() if device_trace.active else 0
         *outs, (_done,) = executable.execute_sharded([*arrays, _done]) \
             .disassemble_into_single_device_arrays()
+        if launched:
+            device_trace.run(f"pjrt collective: {self.label or key[0][0]}", self.index,
+                             launched, [_done], {"ranks": self.n, "bytes": sum(
+                                 a.size * a.dtype.itemsize for a in arrays)},
+                             kind=device_trace.COLLECTIVE)
         if len(outs) + 1 != count:  # jax.jit forwards some outputs itself, above this call
             raise RuntimeError(f"pjrt: collective program {key[0]!r} returned {len(outs) + 1} "
                                f"buffers, not its {count} outputs")

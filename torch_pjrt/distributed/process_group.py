@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import _env
-from ..runtime import DEVICE_TYPE, client
+from ..runtime import DEVICE_TYPE
 from . import agreement, buffers, collectives
 
 
@@ -56,7 +56,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         self._timeout = timeout
         self._ranks = global_ranks
         self._xla = collectives.Group(global_ranks, rank)
-        self._device = client.devices().index(self._xla.device)
+        self._device = self._xla.index
         self._agreement = (agreement.Agreement(store, rank, global_ranks, timeout, name)
                            if _env.flag("TORCH_PJRT_DIST_CHECK") else None)
         self._gloo_group = self._make_gloo()
@@ -114,6 +114,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         buffers.settle()
         if self._agreement is not None and self.size() > 1:
             self._agreement.check(desc, parts)
+        self._xla.label = desc
 
     def _run(self, kind: str, params: tuple, tensors: list[torch.Tensor]):
         return self._xla.run(kind, params, [buffers.flat(t) for t in tensors])
@@ -353,6 +354,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
                     [self._ranks[pair[0]], self._ranks[pair[1]]], 0 if self.rank() == pair[0]
                     else 1)
             self._begin(f"send({_shape(t)}, {src} -> {dst}, tag {tag})", pair)
+            group.label = self._xla.label
             local = (0, 1) if src < dst else (1, 0)
             (value,) = group.run("send", ((local,),), [buffers.flat(t)])
             if dst == self.rank():

@@ -9,7 +9,9 @@ A program's device time is measured from the host. It ends when its outputs are 
 a thread waits for each program in turn (a program whose outputs are about to be donated
 to the next one is waited for by the launching thread first, as a donated array can no
 longer be waited for). It starts when it was launched or when the previous program of its
-device ended, whichever is later: a device runs its programs in order.
+device ended, whichever is later: a device runs its programs in order. Collectives have
+their own track, as NCCL's stream has on a GPU: they run next to compute programs, in
+order among themselves.
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ import time
 
 from . import sites, watch
 
-PROGRAM, TRANSFER, HOST = 0, 1, 2  # activity kinds, as profiler.cpp maps them
-_STREAMS = {PROGRAM: 0, TRANSFER: 1}  # a device's tracks in the trace
+PROGRAM, TRANSFER, HOST, COLLECTIVE = 0, 1, 2, 3  # activity kinds, as profiler.cpp maps them
+_STREAMS = {PROGRAM: 0, TRANSFER: 1, COLLECTIVE: 2}  # a device's tracks in the trace
 
 active = False
 _native = None
 _events: list[tuple] = []  # (kind, name, start, end, device or 0, stream or thread, link, meta)
 _runs: list[_Run] = []  # device activities of this profile, in launch order
 _outputs: dict[int, _Run] = {}  # id of an array a run produces -> that run, until it ends
-_queue: queue.SimpleQueue | None = None
-_waiter: threading.Thread | None = None
+# The waiters, one per kind of track: each takes the ends of its runs in launch order, so
+# a collective still running never delays the end seen of a compute program after it.
+_queues: dict[int, queue.SimpleQueue] = {}  # by kind: PROGRAM (and TRANSFER), COLLECTIVE
+_waiters: list[threading.Thread] = []
 _lock = threading.Lock()
 _switch_interval: float | None = None
 _STOP_TIMEOUT = 120.0  # seconds to wait at the end of a profile for programs still running
@@ -148,7 +152,7 @@ def run(name: str, device: int, launched: int, arrays, meta: dict,
         _runs.append(r)
         for a in r.arrays:
             _outputs[id(a)] = r
-    _queue.put(r)
+    _queues[COLLECTIVE if kind == COLLECTIVE else PROGRAM].put(r)
 
 
 def done(name: str, device: int, start: int, meta: dict, kind: int = TRANSFER) -> None:
@@ -202,14 +206,15 @@ def _wait_loop(q: queue.SimpleQueue) -> None:
 
 def _start() -> None:
     """The profile starts recording (profiler.cpp's Session::start)."""
-    global active, _queue, _waiter, _switch_interval
+    global active, _switch_interval
     _events.clear()
     _runs.clear()
     _outputs.clear()
-    _queue = queue.SimpleQueue()
-    _waiter = threading.Thread(target=_wait_loop, args=(_queue,), daemon=True,
-                               name="torch_pjrt profiler")
-    _waiter.start()
+    for kind in (PROGRAM, COLLECTIVE):
+        _queues[kind] = queue.SimpleQueue()
+        _waiters.append(threading.Thread(target=_wait_loop, args=(_queues[kind],),
+                                         daemon=True, name="torch_pjrt profiler"))
+        _waiters[-1].start()
     # The waiter takes a program's end once it holds the GIL again: ask the recording
     # thread to let go of it every 0.1 ms instead of every 5 ms.
     _switch_interval = sys.getswitchinterval()
@@ -220,13 +225,15 @@ def _start() -> None:
 
 def _stop() -> list[tuple]:
     """The profile stops (Session::stop): every activity, device start times resolved."""
-    global active, _queue, _waiter
+    global active
     active = False
     watch.set_profiling(False)
-    if _queue is not None:
-        _queue.put(None)
-        _waiter.join(_STOP_TIMEOUT)
-    _queue = _waiter = None
+    for q in _queues.values():
+        q.put(None)
+    for waiter in _waiters:
+        waiter.join(_STOP_TIMEOUT)
+    _queues.clear()
+    _waiters.clear()
     if _switch_interval is not None:
         sys.setswitchinterval(_switch_interval)
     events = list(_events)

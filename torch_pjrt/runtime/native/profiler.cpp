@@ -54,18 +54,19 @@ uint64_t current_correlation() {
 #ifdef TORCH_PJRT_KINETO
 using libkineto::ActivityType;
 
-// What Python hands over, by kind: a program run and a transfer are device activities
-// (their own track per device), the rest happen on a host thread.
+// What Python hands over, by kind: a program run, a transfer and a collective are device
+// activities (their own track per device), the rest happen on a host thread.
 ActivityType activity_type(int kind) {
   switch (kind) {
     case 0: return ActivityType::CONCURRENT_KERNEL;
     case 1: return ActivityType::GPU_MEMCPY;
+    case 3: return ActivityType::CONCURRENT_KERNEL;
     default: return ActivityType::PRIVATEUSE1_RUNTIME;
   }
 }
 
 constexpr int kKindRuntime = 2;
-const char* const kStreamNames[] = {"programs", "transfers"};
+const char* const kStreamNames[] = {"programs", "transfers", "collectives"};
 
 class Session final : public libkineto::IActivityProfilerSession {
  public:
@@ -101,7 +102,10 @@ class Session final : public libkineto::IActivityProfilerSession {
           act.addMetadata(key, py::str(kv.second).cast<std::string>());
       }
       links_.push_back(int32_t(t[6].cast<int64_t>()));
-      if (kind != kKindRuntime) devices_.insert(act.device);
+      if (kind != kKindRuntime) {
+        devices_.insert(act.device);
+        tracks_.insert({act.device, act.resource});
+      }
     }
   }
 
@@ -117,7 +121,8 @@ class Session final : public libkineto::IActivityProfilerSession {
     for (int32_t d : devices_) {
       // device 0 is named by getDeviceInfo(), which Kineto asks for once
       if (d != 0) logger.handleDeviceInfo(device_info(d), start);
-      for (int32_t s = 0; s < 2; ++s) logger.handleResourceInfo(resource_info(d, s), start);
+      for (auto [device, s] : tracks_)
+        if (device == d) logger.handleResourceInfo(resource_info(d, s), start);
     }
     size_t i = 0;
     for (auto& act : buffer_->activities) {
@@ -179,6 +184,7 @@ class Session final : public libkineto::IActivityProfilerSession {
   }();
   std::vector<int32_t> links_;
   std::set<int32_t> devices_;
+  std::set<std::pair<int32_t, int32_t>> tracks_;  // (device, stream) with activities
   std::vector<std::string> errors_;
   int64_t next_id_ = 1;
 };
