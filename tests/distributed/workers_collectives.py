@@ -302,15 +302,36 @@ def profiled():
         from torch.profiler import ProfilerActivity, profile
 
         d = _dev(_values((64,), torch.float32, rank))
+        w = _dev(_values((384, 384), torch.float32, rank)) / 400
+
+        def work():  # device work the all_reduce waits for
+            x = w
+            for _ in range(8):
+                x = torch.tanh(x @ w)
+            return x.sum(0)[:64] + d
+
+        dist.all_reduce(work())  # compile
+        torch.pjrt.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as p:
-            dist.all_reduce(d * 2)
+            dist.all_reduce(work())
             dist.broadcast(d, 1)
             torch.pjrt.synchronize()
-        names = [e.name for e in p.events() if e.device_type == DeviceType.PrivateUse1
-                 and e.name.startswith("pjrt collective: ")]
+        events = [e for e in p.events() if e.device_type == DeviceType.PrivateUse1]
+        collectives = [e for e in events if e.name.startswith("pjrt collective: ")]
+        names = [e.name for e in collectives]
         want = ["pjrt collective: all_reduce(float32[64], SUM)",
                 "pjrt collective: broadcast(float32[64], root 1)"]
-        return None if names == want else f"collectives in the profile: {names}"
+        if names != want:
+            return f"collectives in the profile: {names}"
+        # the all_reduce's bar starts once the program computing its input has ended
+        start = collectives[0].time_range.start
+        ends = [e.time_range.end for e in events if e not in collectives
+                and e.time_range.start < start and "device to host" not in e.name
+                and "host to device" not in e.name]
+        if ends and start < max(ends) - 1:
+            return (f"the all_reduce starts at {start:.0f} us, before the program that "
+                    f"computes its input ends ({max(ends):.0f} us)")
+        return None
     return check
 
 

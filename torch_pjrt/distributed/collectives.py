@@ -82,7 +82,7 @@ class Group:
             device_trace.run(f"pjrt collective: {self.label or key[0][0]}", self.index,
                              launched, [_done], {"ranks": self.n, "bytes": sum(
                                  a.size * a.dtype.itemsize for a in arrays)},
-                             kind=device_trace.COLLECTIVE)
+                             kind=device_trace.COLLECTIVE, inputs=arrays)
         if len(outs) + 1 != count:  # jax.jit forwards some outputs itself, above this call
             raise RuntimeError(f"pjrt: collective program {key[0]!r} returned {len(outs) + 1} "
                                f"buffers, not its {count} outputs")

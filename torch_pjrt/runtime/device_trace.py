@@ -43,7 +43,8 @@ _STOP_TIMEOUT = 120.0  # seconds to wait at the end of a profile for programs st
 class _Run:
     """A program run or a transfer on a device, until its end is seen."""
 
-    __slots__ = ("kind", "name", "device", "launched", "end", "arrays", "link", "meta")
+    __slots__ = ("kind", "name", "device", "launched", "end", "arrays", "link", "meta",
+                 "after")
 
     def __init__(self, kind: int, name: str, device: int, launched: int, arrays: list,
                  link: int, meta: dict):
@@ -55,6 +56,7 @@ class _Run:
         self.arrays = arrays
         self.link = link
         self.meta = meta
+        self.after: list[_Run] = []  # runs still going at its launch that it waits for
 
 
 def install(native) -> bool:
@@ -141,14 +143,16 @@ def _sites_text(ops: list) -> str:
 
 
 def run(name: str, device: int, launched: int, arrays, meta: dict,
-        kind: int = PROGRAM) -> None:
+        kind: int = PROGRAM, inputs=()) -> None:
     """A program (or a transfer) launched at `launched` on `device`, producing `arrays`:
-    it ends when they are ready."""
+    it ends when they are ready. It starts no earlier than the runs that produce its
+    `inputs` end (given for collectives, which run next to the programs)."""
     if not active:
         return
     arrays = [a for a in arrays if hasattr(a, "block_until_ready")]
     r = _Run(kind, name, device, launched, arrays, _link(), meta)
     with _lock:
+        r.after = [_outputs[id(a)] for a in inputs if id(a) in _outputs]
         _runs.append(r)
         for a in r.arrays:
             _outputs[id(a)] = r
@@ -241,7 +245,8 @@ def _stop() -> list[tuple]:
     for r in sorted(_runs, key=lambda r: r.launched):
         end = r.end or now()
         track = (r.device, _STREAMS[r.kind])
-        start = max(r.launched, min(last_end.get(track, 0), end))
+        start = max(r.launched, min(max([last_end.get(track, 0)]
+                                        + [d.end or end for d in r.after]), end))
         last_end[track] = max(end, last_end.get(track, 0))
         events.append((r.kind, r.name, start, max(end, start + 1), r.device,
                        _STREAMS[r.kind], r.link, r.meta))
