@@ -318,11 +318,15 @@ def profiled():
             torch.pjrt.synchronize()
         events = [e for e in p.events() if e.device_type == DeviceType.PrivateUse1]
         collectives = [e for e in events if e.name.startswith("pjrt collective: ")]
+        # in call order; ties of start (an all_reduce whose bar is ended at once) by name
+        collectives.sort(key=lambda e: (e.time_range.start, e.name))
         names = [e.name for e in collectives]
         want = ["pjrt collective: all_reduce(float32[64], SUM)",
                 "pjrt collective: broadcast(float32[64], root 1)"]
         if names != want:
             return f"collectives in the profile: {names}"
+        if collectives[1].time_range.start < collectives[0].time_range.end - 1:
+            return "the broadcast starts before the all_reduce called before it ends"
         # the all_reduce's bar starts once the program computing its input has ended
         start = collectives[0].time_range.start
         ends = [e.time_range.end for e in events if e not in collectives

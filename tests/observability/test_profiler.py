@@ -212,3 +212,21 @@ def test_event_elapsed_time():
     untimed.record()
     with pytest.raises(ValueError, match="enable_timing=True"):
         untimed.elapsed_time(end)
+
+
+def test_ends_seen_late_are_bounded_by_what_read_them():
+    """A waiter that takes a program's end late (it waits for the GIL) must not put the end
+    after a collective that read the program's output, nor after the next program's end."""
+    from torch_pjrt.runtime import device_trace as dt
+
+    def run(kind, launched, end, after=()):
+        r = dt._Run(kind, "r", 0, launched, [], 0, {})
+        r.end, r.after = end, list(after)
+        return r
+
+    first = run(dt.PROGRAM, 0, 90)  # seen late: the producer ends before 50
+    producer = run(dt.PROGRAM, 10, 80)
+    collective = run(dt.COLLECTIVE, 20, 50, [producer])
+    later = run(dt.PROGRAM, 30, 100)
+    dt._bound_ends([first, producer, collective, later])
+    assert (first.end, producer.end, collective.end, later.end) == (50, 50, 50, 100)

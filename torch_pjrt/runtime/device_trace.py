@@ -227,6 +227,23 @@ def _start() -> None:
     watch.set_profiling(True)
 
 
+def _bound_ends(runs: list[_Run]) -> None:
+    """Correct ends the waiters saw late. A waiter takes an end once it holds the GIL, so
+    it can see a program end after a collective that read its outputs had ended; the
+    collective's end is then the better bound for it. A device ends its compute programs
+    in launch order, so each is bounded by the end of the one after it too."""
+    for r in runs:
+        for d in r.after:
+            if r.end and d.end > r.end:
+                d.end = r.end
+    next_end: dict[int, int] = {}
+    for r in reversed(runs):
+        if r.kind == PROGRAM and r.end:
+            if r.device in next_end and r.end > next_end[r.device]:
+                r.end = next_end[r.device]
+            next_end[r.device] = r.end
+
+
 def _stop() -> list[tuple]:
     """The profile stops (Session::stop): every activity, device start times resolved."""
     global active
@@ -241,8 +258,10 @@ def _stop() -> list[tuple]:
     if _switch_interval is not None:
         sys.setswitchinterval(_switch_interval)
     events = list(_events)
+    runs = sorted(_runs, key=lambda r: r.launched)
+    _bound_ends(runs)
     last_end: dict[tuple[int, int], int] = {}
-    for r in sorted(_runs, key=lambda r: r.launched):
+    for r in runs:
         end = r.end or now()
         track = (r.device, _STREAMS[r.kind])
         start = max(r.launched, min(max([last_end.get(track, 0)]
