@@ -52,9 +52,24 @@ def run_meta(spec: OpSpec, values: list):
     """The op on meta tensors: PyTorch's checks and output metadata, without data."""
     metas = [_meta_value(a, v) for a, v in zip(spec.args, values)]
     try:
-        return metas, _call_op(spec, metas)
+        out = _call_op(spec, metas)
     except Exception as meta_error:  # noqa: BLE001 - re-raised as the CPU's own error
         raise _cpu_error(spec, values) or meta_error from None
+    fix = _CPU_RESULT_DTYPES.get(str(spec.op))
+    return metas, (fix(values, out) if fix is not None else out)
+
+
+def _bool_pow(values, out):
+    """A bool tensor to a bool power is bool on CPU and CUDA (the meta function, taking the
+    bool for an int, says int64)."""
+    if values[0].dtype == torch.bool and type(values[1]) is bool:
+        return torch.empty_like(out, dtype=torch.bool)
+    return out
+
+
+# Ops whose meta function gives another result dtype than the CPU kernel, found by
+# tools/meta_dtype_sweep.py (every aten op of a tensor and a scalar or 0-dim tensor).
+_CPU_RESULT_DTYPES = {"aten.pow.Tensor_Scalar": _bool_pow}
 
 
 _CPU_ERROR_MAX_ELEMENTS = 1 << 20
