@@ -1,5 +1,5 @@
 """Sweep: aten ops whose meta function gives another result dtype or shape than the CPU
-kernel, on a tensor with a Python number or a 0-dim tensor of every dtype.
+kernel, on a tensor of every dtype alone, or with a Python number or a 0-dim tensor.
 
 Eager pjrt ops take their output layout from the meta function (eager/meta.py), so each
 difference is a result of the wrong dtype unless eager/meta.py's _CPU_RESULT_DTYPES
@@ -17,11 +17,12 @@ import torch
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.complex64]
 NUMBERS = [False, True, 0, 2, 1.5, 1j]
-_FORMS = (["Tensor", "Scalar"], ["Scalar", "Tensor"], ["Tensor", "Tensor"])
+_FORMS = (["Tensor"], ["Tensor", "Scalar"], ["Scalar", "Tensor"], ["Tensor", "Tensor"])
 
 
 def _ops():
-    """Functional aten overloads whose required arguments are two of Tensor/Scalar."""
+    """Functional aten overloads whose required arguments are a tensor, or two of
+    Tensor/Scalar."""
     names = sorted({(s.name.split("::")[1], s.overload_name or "default")
                     for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")})
     for name, overload in names:
@@ -40,6 +41,11 @@ def _ops():
 
 
 def _calls(kinds):
+    if kinds == ["Tensor"]:
+        for dtype in DTYPES:
+            yield f"{dtype} tensor", (torch.ones(3, dtype=dtype),)
+            yield f"{dtype} 0-dim", (torch.ones((), dtype=dtype),)
+        return
     for dtype, number in itertools.product(DTYPES, NUMBERS):
         t = torch.ones(3, dtype=dtype)
         if kinds == ["Tensor", "Tensor"]:
