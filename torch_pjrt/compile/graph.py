@@ -31,6 +31,7 @@ import torch.fx
 from .. import counters
 from ..eager import opspec, recompiles
 from ..lowering import apply, checks, registry
+from ..runtime import DEVICE_TYPE as _PJRT
 from ..runtime import watch
 from ..storage import dtypes, table, views
 from . import auto_functionalized, buckets
@@ -605,6 +606,33 @@ def _describe(name: str, gm: torch.fx.GraphModule, lines: dict) -> None:
                       f"torch.compile graph {name} ({len(ops)} ops)", ops)
 
 
+def _cpu_tensors(example_inputs: list, mutations: dict, out_metas: list,
+                 gm: torch.fx.GraphModule) -> tuple[list[int], set[int], int]:
+    """A graph that mixes CPU and pjrt tensors (`x_cpu.to("pjrt")`, `y.cpu()` inside a
+    compiled function) runs as one program on the graph's device: (the inputs to move
+    there per call: CPU tensors, except 0-dim ones that ride along as scalars where a pjrt
+    tensor is passed too; the computed outputs, by position, that PyTorch gives on the
+    CPU and that go back there; the device)."""
+    def pjrt(x) -> bool:
+        return isinstance(x, torch.Tensor) and x.device.type == _PJRT
+
+    device = next((x.device.index or 0 for x in example_inputs if pjrt(x)), None)
+    if device is None:
+        values = (n.meta.get("val") for n in gm.graph.nodes)
+        device = next((x.device.index or 0 for v in values for x in
+                       torch.utils._pytree.tree_leaves(v) if pjrt(x)), None)
+    if device is None:
+        from ..runtime import device_module
+
+        device = device_module.current_device()
+    passed_pjrt = any(pjrt(x) for x in example_inputs)
+    moved = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)
+             and x.device.type == "cpu" and i not in mutations
+             and (x.dim() > 0 or not passed_pjrt)]
+    back = {k for k, m in enumerate(out_metas) if m.device.type == "cpu"}
+    return moved, back, device
+
+
 class CompiledGraph:
     """Calls the graph's operator with the graph's inputs; outputs that are inputs pass
     through untouched."""
@@ -728,6 +756,8 @@ class CompiledGraph:
         self.n_inputs = len(placeholders)
         self.placeholder_metas = placeholder_metas
         self.out_metas = out_metas
+        self._moved, self._cpu_outputs, self._device = _cpu_tensors(
+            example_inputs, mutations, out_metas, gm)
         self.symbolic = any(_is_symbolic(m) for m in placeholder_metas)
         self._boxed_call = True  # AOTAutograd: __call__ takes the boxed list (kept by wraps)
         _describe(name, gm, lines or {})
@@ -764,20 +794,37 @@ class CompiledGraph:
     def __call__(self, args: list):
         """AOTAutograd's boxed calling convention: one list of inputs, which we clear."""
         args = list(args)
+        run = self._on_device(args)
         sizes = bind(self.placeholder_metas, args) if self.symbolic else {}
         if self.bucketing is not None:
-            return self._call_bucketed(args, sizes)
+            return self._call_bucketed(args, run, sizes)
         if self.symbolic:
-            recompiles.note(self.op, _signature(args), f"compiled graph {self.op}",
+            recompiles.note(self.op, _signature(run), f"compiled graph {self.op}",
                             "compiled")
         if self.runner is not None:
-            return self._results(args, iter(self.runner(args)), sizes)
+            return self._results(args, iter(self.runner(run)), sizes)
         g = self.groups
-        outs = iter(self.op([args[i] for i in g["mutated"]], [args[i] for i in g["tensors"]],
-                            [args[i] for i in g["ints"]], [args[i] for i in g["scalars"]]))
+        outs = iter(self.op([run[i] for i in g["mutated"]], [run[i] for i in g["tensors"]],
+                            [run[i] for i in g["ints"]], [run[i] for i in g["scalars"]]))
         return self._results(args, outs, sizes)
 
+    def _on_device(self, args: list) -> list:
+        """The inputs the program takes: CPU tensors moved to the graph's device."""
+        if not self._moved:
+            return args
+        run = list(args)
+        for i in self._moved:
+            run[i] = args[i].to(torch.device(_PJRT, self._device))
+        return run
+
+    def _back_to_cpu(self, outs):
+        """The computed outputs, those PyTorch gives on the CPU moved back there."""
+        for k, out in enumerate(outs):
+            yield out.cpu() if k in self._cpu_outputs else out
+
     def _results(self, args: list, outs, sizes: dict) -> list:
+        if self._cpu_outputs:
+            outs = self._back_to_cpu(outs)
         results = [next(outs) if s[0] == "computed" else args[s[1]] if s[0] == "input"
                    else concrete((s[1],), sizes)[0] if s[0] == "size"
                    else _apply_views(args[s[1]], s[2]) if s[0] == "view" else None
@@ -787,7 +834,7 @@ class CompiledGraph:
                 results[i] = _apply_views(results[s[1]], s[2])
         return results
 
-    def _call_bucketed(self, args: list, sizes: dict) -> list:
+    def _call_bucketed(self, args: list, run: list, sizes: dict) -> list:
         """Inputs padded to the bucket, true sizes passed at run time, outputs viewed back
         at their true sizes (and strides)."""
         plan = self.bucketing
@@ -795,7 +842,7 @@ class CompiledGraph:
         padded = {s: buckets.bucket(v, steps) if s in plan.sizes.symbols else v
                   for s, v in sizes.items()}
         g = self.groups
-        passed = list(args)
+        passed = list(run)
         modes, extra = [], []
         for i in g["ints"]:
             m = self.placeholder_metas[i]
@@ -803,7 +850,7 @@ class CompiledGraph:
         for i in g["tensors"]:
             layout = plan.layouts[plan.placeholders[i]]
             if plan.padded(layout):
-                passed[i], mode = _pad_input(args[i], self.placeholder_metas[i], layout, plan,
+                passed[i], mode = _pad_input(run[i], self.placeholder_metas[i], layout, plan,
                                              padded, extra)
                 modes.append(mode)
         ints = [passed[i] for i in g["ints"]] + [padded[s] for s in plan.symbols] + modes
