@@ -67,9 +67,20 @@ def _bool_pow(values, out):
     return out
 
 
+def _input_dtype(values, out):
+    """Ops whose result is made like their first tensor by code CPU and CUDA share (huber
+    and soft margin losses, normal of a mean and a std tensor): a bfloat16 input with a
+    float32 target gives bfloat16; the meta function promotes."""
+    return torch.empty_like(out, dtype=values[0].dtype)
+
+
 # Ops whose meta function gives another result dtype than the CPU kernel, found by
-# tools/meta_dtype_sweep.py (every aten op of a tensor and a scalar or 0-dim tensor).
-_CPU_RESULT_DTYPES = {"aten.pow.Tensor_Scalar": _bool_pow}
+# tools/meta_dtype_sweep.py (every aten op of a tensor alone, with a scalar or a 0-dim
+# tensor, or with a tensor of another dtype).
+_CPU_RESULT_DTYPES = {"aten.pow.Tensor_Scalar": _bool_pow,
+                      "aten.huber_loss.default": _input_dtype,
+                      "aten.soft_margin_loss.default": _input_dtype,
+                      "aten.normal.Tensor_Tensor": _input_dtype}
 
 
 _CPU_ERROR_MAX_ELEMENTS = 1 << 20

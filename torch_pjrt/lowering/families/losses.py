@@ -77,10 +77,21 @@ def smooth_l1_loss_backward(grad, x, target, reduction, beta):
     return norm * jnp.where(d <= -beta, -grad, jnp.where(d >= beta, grad, inner))
 
 
+def _reduce_in(loss, reduction, dtype):
+    """Huber and soft margin losses: each element is stored in the input's dtype (the
+    result's, on CPU and CUDA alike), then reduced, half types accumulating in float32."""
+    loss = loss.astype(dtype)
+    if reduction == _NONE:
+        return loss
+    total = jnp.sum(loss, dtype=jnp.promote_types(dtype, jnp.float32))
+    return (total / loss.size if reduction == _MEAN else total).astype(dtype)
+
+
 @lower(aten.huber_loss.default, promote="default")
-def huber_loss(x, target, reduction=_MEAN, delta=1.0):
+def huber_loss(x, target, reduction=_MEAN, delta=1.0, *, meta):
     z = jnp.abs(x - target)
-    return _reduce(jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), reduction)
+    loss = jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta))
+    return _reduce_in(loss, reduction, meta[0].dtype)
 
 
 @lower(aten.huber_loss_backward.default, promote="default")
@@ -92,8 +103,8 @@ def huber_loss_backward(grad, x, target, reduction, delta):
 
 
 @lower(aten.soft_margin_loss.default, promote="default")
-def soft_margin_loss(x, target, reduction=_MEAN):
-    return _reduce(jnp.log1p(jnp.exp(-target * x)), reduction)
+def soft_margin_loss(x, target, reduction=_MEAN, *, meta):
+    return _reduce_in(jnp.log1p(jnp.exp(-target * x)), reduction, meta[0].dtype)
 
 
 @lower(aten.soft_margin_loss_backward.default, promote="default")
