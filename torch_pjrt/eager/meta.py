@@ -51,6 +51,9 @@ def _call_op(spec: OpSpec, values: list):
 def run_meta(spec: OpSpec, values: list):
     """The op on meta tensors: PyTorch's checks and output metadata, without data."""
     metas = [_meta_value(a, v) for a, v in zip(spec.args, values)]
+    accept = _CPU_ACCEPTS.get(str(spec.op))
+    if accept is not None and (written := accept(values)) is not None:
+        return metas, metas[written]
     try:
         out = _call_op(spec, metas)
     except Exception as meta_error:  # noqa: BLE001 - re-raised as the CPU's own error
@@ -67,6 +70,17 @@ def _bool_pow(values, out):
     return out
 
 
+def _bool_pow_written(values) -> int | None:
+    """`x.pow_(False)` and `torch.pow(x, True, out=y)` of bool tensors: CPU and CUDA write
+    bool; the meta function refuses (its int64 result cannot be cast to bool). The
+    position of the tensor written (its layout is the result's), or None."""
+    written = 0 if len(values) == 2 else len(values) - 1  # self, or out=
+    if values[0].dtype == torch.bool and type(values[1]) is bool \
+            and values[written].dtype == torch.bool:
+        return written
+    return None
+
+
 def _input_dtype(values, out):
     """Ops whose result is made like their first tensor by code CPU and CUDA share (huber
     and soft margin losses, normal of a mean and a std tensor): a bfloat16 input with a
@@ -81,6 +95,10 @@ _CPU_RESULT_DTYPES = {"aten.pow.Tensor_Scalar": _bool_pow,
                       "aten.huber_loss.default": _input_dtype,
                       "aten.soft_margin_loss.default": _input_dtype,
                       "aten.normal.Tensor_Tensor": _input_dtype}
+# Calls the meta function refuses and CPU and CUDA run: each gives the position of the
+# argument whose layout the result has, or None to leave the call to the meta function.
+_CPU_ACCEPTS = {"aten.pow_.Scalar": _bool_pow_written,
+                "aten.pow.Tensor_Scalar_out": _bool_pow_written}
 
 
 _CPU_ERROR_MAX_ELEMENTS = 1 << 20
