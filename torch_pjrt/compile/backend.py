@@ -111,22 +111,6 @@ _CPU_GRAPH = ("pjrt: torch.compile(backend=\"pjrt\") got a graph with no pjrt te
               "\"pjrt\" device to compile them for it)")
 
 
-def _uses_pjrt(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
-    """Whether a tensor of the graph, input or computed, is on a pjrt device."""
-    from ..runtime import DEVICE_TYPE
-
-    def on_pjrt(x) -> bool:
-        return isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE
-
-    if any(on_pjrt(x) for x in example_inputs):
-        return True
-    for node in gm.graph.nodes:
-        value = node.meta.get("example_value", node.meta.get("val"))
-        if any(on_pjrt(x) for x in pytree.tree_leaves(value)):
-            return True
-    return False
-
-
 def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
     """The Dynamo backend registered as "pjrt"."""
     from torch._dynamo.backends.common import aot_autograd
@@ -134,7 +118,7 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
     from .. import runtime
 
     runtime.ensure_initialized()
-    if not _uses_pjrt(gm, example_inputs):
+    if graph.pjrt_device(gm, example_inputs) is None:
         if _CPU_GRAPH not in _warned:
             _warned.add(_CPU_GRAPH)
             warnings.warn(_CPU_GRAPH, stacklevel=2)

@@ -16,6 +16,7 @@ per shape.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import operator
 import warnings
@@ -606,26 +607,32 @@ def _describe(name: str, gm: torch.fx.GraphModule, lines: dict) -> None:
                       f"torch.compile graph {name} ({len(ops)} ops)", ops)
 
 
+def pjrt_device(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device | None:
+    """The pjrt device a graph computes on: its first pjrt input's, else the first pjrt
+    tensor it computes (Dynamo's and AOTAutograd's node values); None if it has none."""
+    def pjrt(x) -> bool:
+        return isinstance(x, torch.Tensor) and x.device.type == _PJRT
+
+    values = (node.meta.get("val", node.meta.get("example_value")) for node in gm.graph.nodes)
+    tensors = (x for v in values for x in torch.utils._pytree.tree_leaves(v))
+    found = next((x for x in itertools.chain(example_inputs, tensors) if pjrt(x)), None)
+    return None if found is None else torch.device(_PJRT, found.device.index or 0)
+
+
 def _cpu_tensors(example_inputs: list, mutations: dict, out_metas: list,
-                 gm: torch.fx.GraphModule) -> tuple[list[int], set[int], int]:
+                 gm: torch.fx.GraphModule) -> tuple[list[int], set[int], torch.device]:
     """A graph that mixes CPU and pjrt tensors (`x_cpu.to("pjrt")`, `y.cpu()` inside a
     compiled function) runs as one program on the graph's device: (the inputs to move
     there per call: CPU tensors, except 0-dim ones that ride along as scalars where a pjrt
     tensor is passed too; the computed outputs, by position, that PyTorch gives on the
     CPU and that go back there; the device)."""
-    def pjrt(x) -> bool:
-        return isinstance(x, torch.Tensor) and x.device.type == _PJRT
-
-    device = next((x.device.index or 0 for x in example_inputs if pjrt(x)), None)
-    if device is None:
-        values = (n.meta.get("val") for n in gm.graph.nodes)
-        device = next((x.device.index or 0 for v in values for x in
-                       torch.utils._pytree.tree_leaves(v) if pjrt(x)), None)
+    device = pjrt_device(gm, example_inputs)
     if device is None:
         from ..runtime import device_module
 
-        device = device_module.current_device()
-    passed_pjrt = any(pjrt(x) for x in example_inputs)
+        device = torch.device(_PJRT, device_module.current_device())
+    passed_pjrt = any(isinstance(x, torch.Tensor) and x.device.type == _PJRT
+                      for x in example_inputs)
     moved = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)
              and x.device.type == "cpu" and i not in mutations
              and (x.dim() > 0 or not passed_pjrt)]
@@ -814,7 +821,7 @@ class CompiledGraph:
             return args
         run = list(args)
         for i in self._moved:
-            run[i] = args[i].to(torch.device(_PJRT, self._device))
+            run[i] = args[i].to(self._device)
         return run
 
     def _back_to_cpu(self, outs):

@@ -62,12 +62,14 @@ def run_meta(spec: OpSpec, values: list):
     return metas, (fix(values, out) if fix is not None else out)
 
 
+def _bool_to_bool_power(values) -> bool:
+    return values[0].dtype == torch.bool and type(values[1]) is bool
+
+
 def _bool_pow(values, out):
     """A bool tensor to a bool power is bool on CPU and CUDA (the meta function, taking the
     bool for an int, says int64)."""
-    if values[0].dtype == torch.bool and type(values[1]) is bool:
-        return torch.empty_like(out, dtype=torch.bool)
-    return out
+    return torch.empty_like(out, dtype=torch.bool) if _bool_to_bool_power(values) else out
 
 
 def _bool_pow_written(values) -> int | None:
@@ -75,8 +77,7 @@ def _bool_pow_written(values) -> int | None:
     bool; the meta function refuses (its int64 result cannot be cast to bool). The
     position of the tensor written (its layout is the result's), or None."""
     written = 0 if len(values) == 2 else len(values) - 1  # self, or out=
-    if values[0].dtype == torch.bool and type(values[1]) is bool \
-            and values[written].dtype == torch.bool:
+    if _bool_to_bool_power(values) and values[written].dtype == torch.bool:
         return written
     return None
 
