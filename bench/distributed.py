@@ -46,15 +46,17 @@ def _groups() -> dict:
             "gloo (CPU tensors)": (dist.new_group(backend="gloo"), "cpu")}
 
 
-def _measure(fns: dict, rounds: int, sync_group) -> dict[str, float]:
-    """Median seconds of each fn over `rounds` turns; every rank starts each at a barrier."""
-    samples: dict[str, list[float]] = {k: [] for k in fns}
+def _measure(fns: dict, rounds: int, sync_group) -> dict:
+    """Median of each fn's result over `rounds` turns (a fn returning a tuple: the median
+    of each of its figures); every rank starts each at a barrier."""
+    samples: dict[str, list] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             settle()
             dist.barrier(group=sync_group)
             samples[name].append(fn())
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: tuple(map(statistics.median, zip(*v))) if isinstance(v[0], tuple)
+            else statistics.median(v) for k, v in samples.items()}
 
 
 def _all_reduce_fn(group, device: str, nbytes: int, iters: int, each_sync: bool):
@@ -152,11 +154,14 @@ def ddp_step(groups: dict, rounds: int, steps: int, sync) -> dict:
             opt.step()
             return loss.item()
 
-        def run() -> float:
-            start = time.perf_counter()
+        def run() -> tuple[float, float]:
+            """Wall seconds per step, and the process's CPU seconds per step (every
+            thread: host, XLA's, autograd's): with as many processes as cores, a step
+            cannot take less wall time than its CPU time."""
+            start, cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 step()
-            return (time.perf_counter() - start) / steps
+            return ((time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps)
 
         for _ in range(3):  # warm up: compile
             step()
@@ -214,12 +219,16 @@ def _report(args, n: int, bw: dict, lat: dict, step: dict) -> None:
               "| " + " | ".join(f"{v * 1e3:.3f}" for v in lat.values()) + " |", "",
               "DDP training step of the demo GPT (2 layers, d=128, global batch 16, seq 64; "
               "AdamW), ms per step, the ratio to pjrt without gradient sync, and the ratio "
-              "to the same device without gradient sync (what the sync costs):", "",
-              "| candidate | ms/step | ratio | sync overhead |", "| --- | --- | --- | --- |"]
-    base = step["pjrt, no gradient sync"]
-    for k, v in step.items():
-        own = step["CPU, no gradient sync" if k.startswith("CPU") else "pjrt, no gradient sync"]
-        lines.append(f"| {k} | {v * 1e3:.1f} | {v / base:.2f}x | {v / own:.2f}x |")
+              "to the same device without gradient sync (what the sync costs), and the CPU "
+              "time one process spends per step, all its threads (with a process per core, "
+              "the floor under ms/step):", "",
+              "| candidate | ms/step | ratio | sync overhead | CPU ms/step |",
+              "| --- | --- | --- | --- | --- |"]
+    base = step["pjrt, no gradient sync"][0]
+    for k, (v, cpu) in step.items():
+        own = step["CPU, no gradient sync" if k.startswith("CPU") else "pjrt, no gradient sync"][0]
+        lines.append(f"| {k} | {v * 1e3:.1f} | {v / base:.2f}x | {v / own:.2f}x "
+                     f"| {cpu * 1e3:.1f} |")
     env = environment()
     lines += ["", f"Measured {env['date']} on {env['cpu']} ({env['cpus']} cores, shared with "
               "other engineers' jobs: a loaded machine), torch " + env["torch"] + ", jax "
@@ -228,7 +237,10 @@ def _report(args, n: int, bw: dict, lat: dict, step: dict) -> None:
     print(text)
     if not args.print_only and not args.smoke:
         write_report("distributed", {"bandwidth_gbps": {str(k): v for k, v in bw.items()},
-                                     "latency_s": lat, "ddp_step_s": step, "env": env}, text)
+                                     "latency_s": lat,
+                                     "ddp_step_s": {k: v[0] for k, v in step.items()},
+                                     "ddp_step_cpu_s": {k: v[1] for k, v in step.items()},
+                                     "env": env}, text)
 
 
 def main() -> int:
