@@ -15,7 +15,7 @@ import torch
 
 from ..lowering import checks, registry
 from ..storage import table, transfer, views
-from . import dynamic, executor, fallback, opspec
+from . import dynamic, executor, fallback, meta, opspec
 
 aten = torch.ops.aten
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -222,9 +222,17 @@ def _index_mask_kernels() -> dict:
     }
 
 
+def _refusing(op, kernel):
+    """`kernel`, raising first where the CPU and CUDA refuse the call's dtypes."""
+    def checked(*args, **kwargs):
+        meta.refuse_dtypes(op, args, kwargs, sized=False)
+        return kernel(*args, **kwargs)
+    return checked
+
+
 def _data_dependent_kernels() -> dict:
     """Data-dependent ops, and the indexing op with masks the native kernel does not see."""
-    return {
+    kernels = {
         aten._index_put_impl_.default: dynamic.make_index_put(
             _via_executor(aten.index_put_.default), True),
         aten.nonzero.default: dynamic.nonzero,
@@ -237,6 +245,7 @@ def _data_dependent_kernels() -> dict:
         aten.bincount.default: dynamic.bincount,
         aten.repeat_interleave.Tensor: dynamic.repeat_interleave,
     }
+    return {op: _refusing(op, k) for op, k in kernels.items()}
 
 
 def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> None:

@@ -17,6 +17,7 @@ from torch._decomp import decomposition_table
 from .. import _env, counters
 from ..runtime import watch
 from . import opspec
+from .meta import refuse_dtypes
 
 _warned: set[str] = set()
 _active_decomps: set = set()
@@ -30,6 +31,7 @@ def run(op: torch._ops.OpOverload, *args, **kwargs):
     """The PrivateUse1 fallback kernel."""
     decomp = decomposition_table.get(op)
     if decomp is not None and op not in _active_decomps and str(op) not in SKIP_DECOMPOSITION:
+        refuse_dtypes(op, args, kwargs)
         counters.count("decompositions")
         _active_decomps.add(op)
         try:

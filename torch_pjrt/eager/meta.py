@@ -12,6 +12,7 @@ import torch
 
 from ..runtime import DEVICE_TYPE as _PJRT
 from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, ArgSpec, OpSpec
+from .refusals import refuses
 
 
 def _meta_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -38,13 +39,19 @@ def _meta_value(a: ArgSpec, v):
     return v
 
 
-def _call_op(spec: OpSpec, values: list):
+def _split(spec: OpSpec, values: list) -> tuple[list, dict]:
+    """The call's positional and keyword arguments."""
     pos, kw = [], {}
     for a, v in zip(spec.args, values):
         if a.kwarg_only:
             kw[a.name] = v
         else:
             pos.append(v)
+    return pos, kw
+
+
+def _call_op(spec: OpSpec, values: list):
+    pos, kw = _split(spec, values)
     return spec.op(*pos, **kw)
 
 
@@ -197,19 +204,17 @@ def cpu_check(spec: OpSpec, values: list, meta_out, storages: int) -> Exception 
         t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1
         for pos in spec.mutated for t in flat_tensors(values[pos])))
     random = spec.lowering.random or any(a.kind == GENERATOR for a in spec.args)
-    if random and not aliased:
-        return None  # (a random op draws from the CPU's generator: kept to overlaps)
     limit = (_CPU_ERROR_MAX_ELEMENTS if aliased else
              _CHECK_MAX_ELEMENTS if spec.mutated else _CHECK_MAX_ELEMENTS_FUNCTIONAL)
-    if sum(t.numel() for t in tensors) + sum(
-            t.numel() for t in flat_tensors(meta_out)) > limit:
-        return None
+    if sum(t.numel() for t in tensors) + sum(t.numel() for t in flat_tensors(meta_out)) > limit:
+        return dtype_refusal(spec.op, *_split(spec, values), random=random)
     rng = torch.get_rng_state() if random else None
     try:
         error = _cpu_error(spec, values, "aliased")
-        if error is None or isinstance(error, (torch.linalg.LinAlgError, NotImplementedError)) \
+        if error is None or isinstance(error, torch.linalg.LinAlgError) \
+                or (isinstance(error, NotImplementedError) and not refuses(spec.op, error)) \
                 or _CPU_KERNEL_DTYPES.search(str(error)):
-            return None
+            return None  # (NotImplementedError: a dtype the CPU lacks and CUDA takes)
         again = _cpu_error(spec, values, "aliased", fill=1)
     finally:
         if rng is not None:
@@ -217,6 +222,81 @@ def cpu_check(spec: OpSpec, values: list, meta_out, storages: int) -> Exception 
     if type(again) is not type(error) or str(again) != str(error):
         return None
     return error
+
+
+def dtype_refusal(op: torch._ops.OpOverload, args, kwargs: dict, random: bool = False,
+                  sized: bool = True) -> Exception | None:
+    """The CPU kernel's refusal of the call's dtypes that CUDA makes too (refusals.py), for
+    a call too large for cpu_check's stand-ins or one that reaches no lowering as itself:
+    found on zero-filled stand-ins of the same shapes, or of at most one element per
+    dimension where those would be large (a kernel picks its dtypes before it looks at
+    sizes). None where the CPU takes them, the stand-ins fail otherwise, or their result
+    would not be small (`sized`: the meta function tells; a data-dependent op's result is
+    no larger than its zero-filled inputs say)."""
+    made: dict[tuple, torch.Tensor] = {}  # one stand-in per tensor (kernels check identity)
+    shrink = sum(t.numel() for t in flat_tensors([args, list(kwargs.values())])
+                 if t.device.type == _PJRT) > _CHECK_MAX_ELEMENTS_FUNCTIONAL
+
+    def small(v, device: str):
+        if isinstance(v, torch.Tensor) and v.device.type == _PJRT:
+            if (id(v), device) not in made:
+                shape = [min(n, 1) for n in v.shape] if shrink else v.shape
+                made[id(v), device] = torch.zeros(shape, dtype=v.dtype, device=device)
+            return made[id(v), device]
+        if isinstance(v, (list, tuple)):
+            return type(v)(small(x, device) for x in v)
+        if isinstance(v, dict):
+            return {k: small(x, device) for k, x in v.items()}
+        if isinstance(v, torch.device) and v.type == _PJRT:
+            return torch.device(device)
+        return None if isinstance(v, torch.Generator) else v
+
+    def call(device: str):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return op(*small(tuple(args), device), **small(kwargs, device))
+
+    try:  # the stand-ins' result must be small (sizes given as numbers stay as they are)
+        if sized and sum(t.numel() for t in flat_tensors(call("meta"))) \
+                > _CHECK_MAX_ELEMENTS_FUNCTIONAL:
+            return None
+    except Exception:  # noqa: BLE001 - the stand-ins do not fit the op: nothing to say
+        return None
+    rng = torch.get_rng_state() if random else None
+    try:
+        call("cpu")
+    except NotImplementedError as e:
+        return e if refuses(op, e) else None
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        if rng is not None:
+            torch.set_rng_state(rng)
+    return None
+
+
+_refusals: dict[tuple, Exception | None] = {}
+
+
+def _signature(v):
+    """What a refusal depends on: the dtypes of the tensors, the types of the rest."""
+    if isinstance(v, torch.Tensor):
+        return v.dtype
+    if isinstance(v, (list, tuple)):
+        return tuple(_signature(x) for x in v)
+    return type(v)
+
+
+def refuse_dtypes(op: torch._ops.OpOverload, args: tuple, kwargs: dict,
+                  sized: bool = True) -> None:
+    """Raise dtype_refusal's error for a call that reaches no lowering as itself (a
+    decomposition would compute it from ops that take the dtypes: multi_margin_loss of
+    integers); looked up once per op and dtypes."""
+    key = (op, _signature(args), *((k, _signature(v)) for k, v in kwargs.items()))
+    if key not in _refusals:
+        _refusals[key] = dtype_refusal(op, args, kwargs, sized=sized)
+    if _refusals[key] is not None:
+        raise _refusals[key]
 
 
 def flat_tensors(x) -> list[torch.Tensor]:

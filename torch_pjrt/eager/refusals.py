@@ -1,0 +1,51 @@
+"""Dtypes PyTorch's kernels refuse: where the CPU and CUDA raise for a dtype, pjrt raises.
+
+A CPU kernel refuses a dtype with AT_DISPATCH's NotImplementedError (`"hypot_cpu" not
+implemented for 'Long'`); CUDA's kernels refuse the same dtypes, with a few exceptions,
+which pjrt (a device like CUDA) computes: CUDA_TAKES. The list comes from PyTorch's
+OpInfos (the dtypes each op's CUDA kernels take and its CPU kernels do not);
+`python tools/dtype_refusal_sweep.py --cpu-only-holes` prints it again and
+tests/eager/test_dtype_refusals.py keeps it equal to that.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+REFUSAL = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
+ANY = "*"  # in CUDA_TAKES: the op's other NotImplementedErrors too (none today)
+
+# aten op (base name: in-place and out= variants and the backward go with it) -> the
+# dtypes, as the CPU's message names them, that its CUDA kernels take.
+CUDA_TAKES: dict[str, frozenset[str]] = {
+    "_upsample_bilinear2d_aa": frozenset({"BFloat16", "Half"}),
+    "abs": frozenset({"Bool"}),
+    "avg_pool3d": frozenset({"BFloat16", "Half"}),
+    "histc": frozenset({"Byte", "Char", "Int", "Long", "Short"}),
+    "multi_margin_loss": frozenset({"BFloat16", "Half"}),
+    "multilabel_margin_loss": frozenset({"BFloat16", "Half"}),
+    "rrelu_with_noise": frozenset({"Half"}),
+    "trace": frozenset({"Bool"}),
+}
+
+
+def base_name(op: torch._ops.OpOverload) -> str:
+    """`op`'s name without namespace, overload, in-place mark, `_forward` or `_backward`."""
+    name = op._schema.name.split("::")[-1].rstrip("_")
+    for suffix in ("_backward", "_forward"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def refuses(op: torch._ops.OpOverload, error: BaseException) -> bool:
+    """Whether `error`, the CPU kernel's for a call of `op`, is a refusal CUDA makes too
+    (so pjrt raises it): a NotImplementedError, AT_DISPATCH's of a dtype not in CUDA_TAKES
+    or one of the checks CPU and CUDA share (`clamp is not supported for complex types`);
+    never the dispatcher's for an op with no CPU kernel."""
+    if not isinstance(error, NotImplementedError) or "Could not run" in str(error):
+        return False
+    m = REFUSAL.search(str(error))
+    return m.group(2) not in CUDA_TAKES.get(base_name(op), ()) if m else \
+        ANY not in CUDA_TAKES.get(base_name(op), ())
