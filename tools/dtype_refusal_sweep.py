@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from torch_pjrt.eager.refusals import ANY, REFUSAL, base_name
+from torch_pjrt.eager.refusals import ANY, REFUSAL, SHARED_CHECK, base_name
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
@@ -87,7 +87,7 @@ def cpu_refusals(opinfos, samples: int = 2) -> dict[str, set[str]]:
                 return func(*args, **(kwargs or {}))
             except NotImplementedError as e:
                 m = REFUSAL.search(str(e))
-                if "Could not run" not in str(e):
+                if m or SHARED_CHECK.search(str(e)):
                     found.setdefault(base_name(func), set()).add(m.group(2) if m else ANY)
                 raise
 

@@ -15,7 +15,10 @@ import re
 import torch
 
 REFUSAL = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
-ANY = "*"  # in CUDA_TAKES: the op's other NotImplementedErrors too (none today)
+# The other dtype refusals of the checks CPU and CUDA kernels share: those of complex
+# numbers (clamp, relu, sign).
+SHARED_CHECK = re.compile(r"\bcomplex (types|numbers)\b")
+ANY = "*"  # in CUDA_TAKES: the op's SHARED_CHECK refusals too (none today)
 
 # aten op (base name: in-place and out= variants and the backward go with it) -> the
 # dtypes, as the CPU's message names them, that its CUDA kernels take.
@@ -40,12 +43,14 @@ def base_name(op: torch._ops.OpOverload) -> str:
 
 
 def refuses(op: torch._ops.OpOverload, error: BaseException) -> bool:
-    """Whether `error`, the CPU kernel's for a call of `op`, is a refusal CUDA makes too
-    (so pjrt raises it): a NotImplementedError, AT_DISPATCH's of a dtype not in CUDA_TAKES
-    or one of the checks CPU and CUDA share (`clamp is not supported for complex types`);
-    never the dispatcher's for an op with no CPU kernel."""
-    if not isinstance(error, NotImplementedError) or "Could not run" in str(error):
+    """Whether `error`, the CPU kernel's for a call of `op`, is a refusal of a dtype that
+    CUDA makes too (so pjrt raises it): a NotImplementedError, AT_DISPATCH's of a dtype not
+    in CUDA_TAKES, or one of the dtype checks CPU and CUDA share (`clamp is not supported
+    for complex types`). Never another NotImplementedError: an op with no CPU kernel, or
+    one only other devices implement (`_scaled_dot_product_fused_attention_overrideable`)."""
+    if not isinstance(error, NotImplementedError):
         return False
     m = REFUSAL.search(str(error))
-    return m.group(2) not in CUDA_TAKES.get(base_name(op), ()) if m else \
-        ANY not in CUDA_TAKES.get(base_name(op), ())
+    if m is None and not SHARED_CHECK.search(str(error)):
+        return False
+    return (m.group(2) if m else ANY) not in CUDA_TAKES.get(base_name(op), ())
