@@ -294,7 +294,9 @@ def refuse_dtypes(op: torch._ops.OpOverload, args: tuple, kwargs: dict,
     integers); looked up once per op and dtypes."""
     key = (op, _signature(args), *((k, _signature(v)) for k, v in kwargs.items()))
     if key not in _refusals:
-        _refusals[key] = dtype_refusal(op, args, kwargs, sized=sized)
+        error = dtype_refusal(op, args, kwargs, sized=sized)
+        # (kept without its traceback, whose frames hold the call's tensors)
+        _refusals[key] = None if error is None else error.with_traceback(None)
     if _refusals[key] is not None:
         raise _refusals[key]
 
