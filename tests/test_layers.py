@@ -21,6 +21,7 @@ LAYERS = [
     ("amp", "compile", "distributed", "kernels", "optim_step"),
     ("", "_autoload", "__main__", "cli", "conformance", "conformance_errors",
      "conformance_known_failures", "demo", "profiler", "report"),
+    ("integrations",),  # glue for other libraries (Lightning...): imported by users only
 ]
 
 # (importing module, imported part): deliberate upward imports, each with its reason.
