@@ -154,12 +154,14 @@ def render(runs: dict) -> str:
     return "\n".join(out)
 
 
-def write_report(run: dict) -> None:
+def write_report(run: dict | None) -> None:
+    """Add `run` to docs/ecosystem.json (None: add nothing) and redraw the page's section."""
     runs = json.loads(JSON.read_text())["runs"] if JSON.exists() else {}
-    old = runs.get(run["torch"], {"libraries": {}})
-    run["libraries"] = {**old["libraries"], **run["libraries"]}
-    runs[run["torch"]] = run
-    JSON.write_text(json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n")
+    if run is not None:
+        old = runs.get(run["torch"], {"libraries": {}})
+        run["libraries"] = {**old["libraries"], **run["libraries"]}
+        runs[run["torch"]] = run
+        JSON.write_text(json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n")
     section = render(runs)
     text = MARKDOWN.read_text() if MARKDOWN.exists() else (
         "# The libraries around PyTorch on pjrt\n\n")
@@ -179,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="only", help="only the cases whose name holds this")
     parser.add_argument("--report", action="store_true",
                         help="write docs/ecosystem.json and docs/ecosystem.md")
+    parser.add_argument("--render", action="store_true",
+                        help="only redraw docs/ecosystem.md from docs/ecosystem.json")
     args = parser.parse_args(argv)
+    if args.render:
+        write_report(None)
+        return 0
     sys.path.insert(0, str(TESTS))
     sys.path.insert(0, str(ROOT / "tests"))
     import jax
