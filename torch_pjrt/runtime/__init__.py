@@ -45,7 +45,9 @@ def register() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
         _native = load()
-        _native.install(_device_count, _free, _synchronize)
+        from . import memory
+
+        _native.install(_device_count, _free, _synchronize, memory)
         from . import device_trace, dumps
 
         device_trace.install(_native)  # torch.profiler's pjrt activity
@@ -115,3 +117,4 @@ def ensure_initialized() -> None:
         for step in _steps:
             step()
         _initialized = True
+        _native.mark_started()
