@@ -13,14 +13,15 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "torch_pjrt"
 # Bottom layer first. A part is a subpackage or a top-level module of torch_pjrt; ""
 # is torch_pjrt/__init__.py itself, which imports every layer to start them.
 LAYERS = [
-    ("_env", "counters", "logs"),  # settings, metrics, loggers: plain Python for every layer
+    # settings, metrics, loggers, import hooks: plain Python for every layer
+    ("_after_import", "_env", "counters", "logs"),
     ("runtime",),
     ("storage",),
     ("lowering",),
     ("eager",),
     ("amp", "compile", "distributed", "kernels", "optim_step"),
     ("", "_autoload", "__main__", "cli", "conformance", "conformance_errors",
-     "conformance_known_failures", "demo", "profiler", "report"),
+     "conformance_known_failures", "demo", "integrations", "profiler", "report"),
 ]
 
 # (importing module, imported part): deliberate upward imports, each with its reason.
