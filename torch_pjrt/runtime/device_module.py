@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -38,10 +39,10 @@ def _index(device: Any = None) -> int:
 
 
 def is_available() -> bool:
-    try:
-        return device_count() > 0
-    except RuntimeError:
-        return False
+    """Whether a pjrt device exists (PJRT starts only if it must to say: runtime.available)."""
+    from .. import runtime
+
+    return runtime.available()
 
 
 def is_initialized() -> bool:
@@ -135,22 +136,49 @@ def _generator(device: Any = None) -> torch.Generator:
     return _runtime().shim().default_generator(_index(device))
 
 
+# Seeding before PJRT has started waits for it (as torch.cuda's seeding waits for CUDA):
+# torch.manual_seed() seeds every device, and a CPU-only script, or each DataLoader worker,
+# must not start PJRT by seeding the CPU.
+_queued: list[Callable[[], None]] = []
+
+
+def _seed_when_started(step: Callable[[], None]) -> None:
+    from .. import runtime
+
+    if runtime._initialized:
+        step()
+    else:
+        _queued.append(step)
+
+
+def apply_queued_seeds() -> None:
+    """Run the seeding asked for before PJRT started (runtime.ensure_initialized does)."""
+    while _queued:
+        _queued.pop(0)()
+
+
+def _thread_device() -> int:
+    from .. import runtime
+
+    return runtime.shim().current_device()  # (starts nothing)
+
+
 def manual_seed(seed: int) -> None:
-    _generator().manual_seed(int(seed))
+    index = _thread_device()
+    _seed_when_started(lambda: _generator(index).manual_seed(int(seed)))
 
 
 def manual_seed_all(seed: int) -> None:
-    for g in default_generators():
-        g.manual_seed(int(seed))
+    _seed_when_started(lambda: [g.manual_seed(int(seed)) for g in default_generators()])
 
 
 def seed() -> None:
-    _generator().seed()
+    index = _thread_device()
+    _seed_when_started(lambda: _generator(index).seed())
 
 
 def seed_all() -> None:
-    for g in default_generators():
-        g.seed()
+    _seed_when_started(lambda: [g.seed() for g in default_generators()])
 
 
 def initial_seed() -> int:

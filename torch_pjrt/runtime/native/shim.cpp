@@ -54,6 +54,11 @@ bool shutting_down = false;
 py::object* free_callback = nullptr;   // free(ptr: int) -> None
 py::object* sync_callback = nullptr;   // synchronize(device_index: int) -> None
 py::object* count_callback = nullptr;  // device_count() -> int (starts the PJRT client)
+py::object* known_count_callback = nullptr;  // known_count() -> int | None (starts nothing)
+// A count given out before PJRT started, from the settings (known_count): the autograd
+// engine and torch.accelerator ask for the count, which must not start PJRT in a CPU-only
+// script. -1: none given.
+std::atomic<int> predicted_count{-1};
 py::object* resize_callback = nullptr;  // resize(old_ptr, new_ptr, nbytes) -> None
 // torch_pjrt.runtime.memory: the memory account behind the allocator's statistics
 // (stats, reset_peak, reset_accumulated, empty_cache, memory_info).
@@ -82,9 +87,36 @@ c10::DeviceIndex device_count() {
   return c10::DeviceIndex(n);
 }
 
+// The device count without starting the PJRT client where the settings decide it (the
+// cpu platform): what the guard, the hooks and index checks use. The autograd engine asks
+// every device guard for its count at the first backward pass, a DataLoader asks
+// torch.accelerator.is_available() before it forks its workers, and a thread sets its
+// device: in a CPU-only script none of these may start PJRT (JAX's threads, its malloc
+// settings). Where only the client can tell (an accelerator plugin), it starts.
+c10::DeviceIndex count_without_starting() {
+  int n = known_device_count.load();
+  if (n >= 0) return c10::DeviceIndex(n);
+  n = predicted_count.load();
+  if (n >= 0) return c10::DeviceIndex(n);
+  if (known_count_callback != nullptr && !shutting_down && Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object known = (*known_count_callback)();
+      if (!known.is_none()) {
+        n = known.cast<int>();
+        predicted_count.store(n);
+        return c10::DeviceIndex(n);
+      }
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("torch_pjrt: counting devices before PJRT starts");
+    }
+  }
+  return device_count();
+}
+
 c10::DeviceIndex check_index(c10::DeviceIndex index) {
   if (index < 0) return current_device;
-  auto count = device_count();
+  auto count = count_without_starting();
   TORCH_CHECK(
       index < count, "pjrt: invalid device index ", int(index),
       " (there are ", int(count), " pjrt devices)");
@@ -388,10 +420,11 @@ struct PjrtGuard final : c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
-  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return count_without_starting(); }
   // torch.accelerator.get_device_capability(): the dtypes a pjrt tensor can have (the
   // storage layer sets them when PJRT starts, which asking the device count does).
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    device_count();  // (starting PJRT sets the dtypes)
     check_index(d.index());
     c10::DeviceCapability cap;
     cap.capability_data.capability_bits = dtype_bits.load();
@@ -446,9 +479,9 @@ struct PjrtGuard final : c10::impl::DeviceGuardImplInterface {
 // -------------------------------------------------------------------- hooks
 struct PjrtHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return device_count() > 0; }
+  bool isAvailable() const override { return count_without_starting() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  c10::DeviceIndex deviceCount() const override { return count_without_starting(); }
   void setCurrentDevice(c10::DeviceIndex d) const override { current_device = check_index(d); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device; }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
@@ -521,9 +554,10 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 }
 
 // ------------------------------------------------------------ python entry
-void install(py::object count_fn, py::object free_fn, py::object sync_fn,
-             py::object memory) {
+void install(py::object count_fn, py::object known_count_fn, py::object free_fn,
+             py::object sync_fn, py::object memory) {
   count_callback = new py::object(std::move(count_fn));
+  known_count_callback = new py::object(std::move(known_count_fn));
   free_callback = new py::object(std::move(free_fn));
   sync_callback = new py::object(std::move(sync_fn));
   memory_account = new py::object(std::move(memory));
@@ -662,7 +696,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("device_from_ptr", [](uint64_t p) { return int(index_from_ptr(reinterpret_cast<void*>(p))); });
   m.def("shutdown", [] { shutting_down = true; });
-  m.def("mark_started", [] { started.store(true); });
+  // PJRT has started with `count` devices; returns the count given out before (-1: none).
+  m.def("mark_started", [](int count) {
+    known_device_count.store(count);
+    started.store(true);
+    return predicted_count.load();
+  });
   m.def("set_supported_dtypes", [](const std::vector<py::object>& dtypes) {
     std::vector<c10::ScalarType> types;
     for (const auto& d : dtypes) {
