@@ -217,22 +217,25 @@ def _account(device: Any):
 
 def memory_allocated(device: Any = None) -> int:
     """Bytes held by live pjrt storages on the device."""
-    return memory_stats(device).get("allocated_bytes.all.current", 0)
+    found = _account(device)
+    return found[0].allocated(found[1]) if found else 0
 
 
 def max_memory_allocated(device: Any = None) -> int:
     """The most bytes live pjrt storages have held since the start or the last
     reset_peak_memory_stats()."""
-    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+    found = _account(device)
+    return found[0].peak(found[1]) if found else 0
 
 
 def memory_reserved(device: Any = None) -> int:
     """The same as memory_allocated(): torch-pjrt keeps no cache of freed buffers."""
-    return memory_stats(device).get("reserved_bytes.all.current", 0)
+    return memory_allocated(device)
 
 
 def max_memory_reserved(device: Any = None) -> int:
-    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+    """The same as max_memory_allocated() (see memory_reserved)."""
+    return max_memory_allocated(device)
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
@@ -292,9 +295,8 @@ def set_supported_dtypes(dtypes: frozenset[torch.dtype]) -> None:
 
 def get_device_capability(device: Any = None) -> dict[str, Any]:
     """{"supported_dtypes": the dtypes a tensor on the device can have}, as
-    torch.accelerator.get_device_capability() reports it (which leaves out the dtypes
-    c10::DeviceCapability has no place for: uint16/32/64 and the float8 types). A PJRT
-    device has no compute capability version number as CUDA's (major, minor)."""
+    torch.accelerator.get_device_capability() reports it (the platform's: TPU has no
+    float64). A PJRT device has no compute capability version like CUDA's (major, minor)."""
     _runtime()  # starting PJRT sets the dtypes
     from . import client
 

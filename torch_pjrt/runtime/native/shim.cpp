@@ -576,8 +576,8 @@ at::Tensor empty_strided(const std::vector<int64_t>& size,
   return torch_pjrt::empty_pjrt(size, stride, dtype, index);
 }
 
-// The dtypes the device takes, as DeviceCapability's bits (a dtype the bit field has no
-// place for, such as uint16 or the float8 types, is left out of it).
+// The dtypes the device takes, as DeviceCapability's bits (one per dtype of
+// AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS; a dtype without a bit is left out).
 void set_supported_dtypes(const std::vector<c10::ScalarType>& dtypes) {
   uint64_t bits = 0;
   for (auto t : dtypes) {
