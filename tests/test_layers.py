@@ -13,8 +13,9 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "torch_pjrt"
 # Bottom layer first. A part is a subpackage or a top-level module of torch_pjrt; ""
 # is torch_pjrt/__init__.py itself, which imports every layer to start them.
 LAYERS = [
-    # settings, metrics, loggers, import hooks: plain Python for every layer
-    ("_after_import", "_env", "counters", "logs"),
+    # torch-release differences, settings, metrics, loggers, import hooks: plain Python for
+    # every layer
+    ("_after_import", "_compat", "_env", "counters", "logs"),
     ("runtime",),
     ("storage",),
     ("lowering",),
