@@ -13,6 +13,12 @@ from .eager.modes import get as get_eager_mode  # noqa: E402
 from .eager.modes import set_eager_mode  # noqa: E402
 from .report import metrics  # noqa: E402
 
+compile.register_device_interface()
+
+from .integrations import huggingface as _huggingface  # noqa: E402
+
+_huggingface.install(DEVICE_TYPE)
+
 # What ensure_initialized() runs once PJRT has started, bottom layer first (the runtime
 # imports no layer above it; each one adds its own start here).
 for _step in (eager.start, optim_step.install, compile.start):
