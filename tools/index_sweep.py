@@ -1,0 +1,267 @@
+"""Sweep: every aten call with an index argument, given bad indices, on the CPU and on pjrt.
+
+The calls are generated, not listed: each OpInfo of op_db is run on the CPU on its float32
+samples under a dispatch mode that records the aten calls it makes; a call with an index
+argument is kept (a tensor of an integer dtype, as gather's `index`, embedding's `indices`,
+nll_loss's `target`, one_hot's or bincount's `self`, or an int named `index` in the op's
+schema, as select's). Each kept call is replayed with that argument made bad: a negative
+index, one past every size, one very negative, and the index in another dtype (int32,
+int16, float32). The CPU says what must happen: where it raises, pjrt must raise (at the op
+in debug mode, by the next synchronization otherwise); where it wraps a negative index or
+accepts another dtype, pjrt must give its values.
+
+    python tools/index_sweep.py [--modes strict,fused,debug,compile] [--ops gather,take]
+
+prints each case where pjrt differs; tests/lowering/test_index_sweep.py runs it in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+BIG = 1 << 14  # past every size of op_db's samples, small enough that a result of that
+# many elements (bincount, one_hot) stays small
+# ops whose integer argument is data, not an index (a bad value there is not an index error)
+NOT_INDEX = {"aten.lift_fresh.default", "aten._to_copy.default", "aten.clone.default",
+             "aten.copy_.default", "aten.detach.default", "aten.alias.default"}
+# aten overloads the OpInfos reach that allocate by an index's value: one past the sizes
+# would ask for a result of `BIG` rows per element (not an index error on any device)
+SIZE_FROM_VALUE = {"aten.repeat_interleave.Tensor", "aten.repeat_interleave.self_Tensor"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One recorded aten call: the overload, its arguments, and which are indices."""
+    op: torch._ops.OpOverload
+    args: tuple
+    kwargs: dict
+    index_paths: tuple  # positions (i, None) of a positional, (None, name) of a keyword
+    source: str  # the OpInfo that made it
+
+    @property
+    def name(self) -> str:
+        return str(self.op)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _is_index_tensor(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in INT_DTYPES and x.numel() > 0
+
+
+def _index_paths(op, args, kwargs) -> tuple:
+    schema = op._schema
+    paths = []
+    for i, (a, value) in enumerate(zip(schema.arguments, args)):
+        if _is_index_tensor(value) or (a.name == "index" and type(value) is int):
+            paths.append((i, None))
+    for name, value in kwargs.items():
+        if _is_index_tensor(value):
+            paths.append((None, name))
+    return tuple(paths)
+
+
+def calls(only: set[str] | None = None, per_op: int = 2) -> list[Call]:
+    """The recorded aten calls with an index argument, at most `per_op` per overload."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    seen: dict[str, int] = {}
+    found: list[Call] = []
+    for info in op_db:
+        if only and info.name not in only:
+            continue
+        if torch.float32 not in info.supported_dtypes("cpu"):
+            continue
+        try:
+            samples = list(info.sample_inputs("cpu", torch.float32))
+        except Exception:  # noqa: BLE001 (a broken sample generator is op_db's)
+            continue
+        for sample in samples[:6]:
+            rec = _Recorder()
+            try:
+                with warnings.catch_warnings(), rec:
+                    warnings.simplefilter("ignore")
+                    info.op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:  # noqa: BLE001
+                continue
+            for func, args, kwargs in rec.calls:
+                name = str(func)
+                if name in NOT_INDEX or func._schema.is_mutable and "out" in kwargs:
+                    continue
+                paths = _index_paths(func, args, kwargs)
+                if not paths or seen.get(name, 0) >= per_op:
+                    continue
+                seen[name] = seen.get(name, 0) + 1
+                clone = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x,
+                                 (args, kwargs))
+                found.append(Call(func, clone[0], clone[1], paths, info.name))
+    return found
+
+
+def _bad_values(value, name: str) -> Iterator[tuple[str, object]]:
+    if type(value) is int:
+        yield "negative", -1
+        yield "past the end", BIG
+        yield "very negative", -BIG
+        return
+    flat = value.reshape(-1)
+
+    def with_first(v):
+        out = flat.clone()
+        out[0] = v
+        return out.reshape(value.shape)
+
+    if value.dtype != torch.uint8:
+        yield "negative", with_first(-1)
+        yield "very negative", with_first(-BIG if value.dtype not in (torch.int8,) else -128)
+    if name not in SIZE_FROM_VALUE and value.dtype not in (torch.int8, torch.uint8):
+        yield "past the end", with_first(BIG)
+    for dtype in (torch.int32, torch.int16, torch.float32):
+        if dtype != value.dtype:
+            yield f"as {str(dtype).removeprefix('torch.')}", value.to(dtype)
+
+
+def cases(found: list[Call]) -> Iterator[tuple[Call, str, tuple, dict]]:
+    """(call, description, args, kwargs) of each bad-index replay."""
+    for call in found:
+        for i, kw in call.index_paths:
+            value = call.args[i] if kw is None else call.kwargs[kw]
+            arg_name = call.op._schema.arguments[i].name if kw is None else kw
+            for what, bad in _bad_values(value, call.name):
+                args, kwargs = list(call.args), dict(call.kwargs)
+                if kw is None:
+                    args[i] = bad
+                else:
+                    kwargs[kw] = bad
+                yield call, f"{arg_name} {what}", tuple(args), kwargs
+
+
+def _clone(tree):
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _run(op, args, kwargs, device: str):
+    """(result on the CPU, or None) and (the exception, or None); pjrt results are read."""
+    args, kwargs = _clone((args, kwargs)) if device == "cpu" else tree_map(
+        lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, (args, kwargs))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = op(*args, **kwargs)
+            if device != "cpu":
+                out = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, out)
+                # the in-place ops' results are their inputs: read those too
+                tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, args)
+                torch.pjrt.synchronize()
+        return out, None
+    except Exception as e:  # noqa: BLE001 (what the CPU raises is the reference)
+        if device != "cpu":
+            _drain()
+        return None, e
+
+
+def _drain() -> None:
+    """Errors left pending by a failed case must not land on the next one."""
+    for _ in range(3):
+        try:
+            torch.pjrt.synchronize()
+            return
+        except Exception:  # noqa: BLE001
+            continue
+
+
+def _same(a, b) -> bool:
+    fa, _ = tree_flatten(a)
+    fb, _ = tree_flatten(b)
+    if len(fa) != len(fb):
+        return False
+    for x, y in zip(fa, fb):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if not isinstance(x, torch.Tensor):
+            if x != y and not (isinstance(x, float) and math.isnan(x) and math.isnan(y)):
+                return False
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        try:
+            torch.testing.assert_close(x, y, equal_nan=True, atol=1e-5, rtol=1e-5)
+        except AssertionError:
+            return False
+    return True
+
+
+def check(call_op, args, kwargs, mode: str) -> str:
+    """'' where pjrt does what the CPU does with these arguments, else what differs."""
+    import torch_pjrt
+
+    expected, cpu_error = _run(call_op, args, kwargs, "cpu")
+    op = call_op
+    if mode == "compile":
+        torch._dynamo.reset()
+        op = torch.compile(lambda *a, **k: call_op(*a, **k), backend="pjrt", fullgraph=True)
+        got, error = _run(op, args, kwargs, "pjrt")
+    else:
+        with torch_pjrt.set_eager_mode(mode):
+            got, error = _run(op, args, kwargs, "pjrt")
+    if cpu_error is not None:
+        if error is None:
+            return f"the CPU raises {type(cpu_error).__name__}, pjrt returns a result"
+        return ""
+    if error is not None:
+        text = str(error).splitlines()[0][:160] if str(error) else ""
+        return f"the CPU returns a result, pjrt raises {type(error).__name__}: {text}"
+    if not _same(got, expected):
+        return "pjrt's result differs from the CPU's"
+    return ""
+
+
+def sweep(modes_: list[str], only: set[str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(op, OpInfo, case, mode, what differs) of each case where pjrt differs."""
+    differences = []
+    for call, what, args, kwargs in cases(calls(only)):
+        for mode in modes_:
+            problem = check(call.op, args, kwargs, mode)
+            if problem:
+                differences.append((call.name, call.source, what, mode, problem))
+    return differences
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="strict,fused,debug,compile")
+    p.add_argument("--ops", default="", help="OpInfo names (default: all of op_db)")
+    args = p.parse_args(argv)
+    only = set(args.ops.split(",")) if args.ops else None
+    found = calls(only)
+    n_cases = sum(1 for _ in cases(found))
+    print(f"{len(found)} calls with an index argument ({len({c.name for c in found})} "
+          f"overloads), {n_cases} bad-index cases", flush=True)
+    differences = sweep(args.modes.split(","), only)
+    for row in differences:
+        print(" | ".join(row), flush=True)
+    print(f"{len(differences)} differences")
+    return 1 if differences else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
