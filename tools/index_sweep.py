@@ -80,11 +80,11 @@ def _index_paths(op, args, kwargs) -> tuple:
     return tuple(paths)
 
 
-def calls(only: set[str] | None = None, per_op: int = 2) -> list[Call]:
+def calls(only: set[str] | None = None, per_op: int = 3) -> list[Call]:
     """The recorded aten calls with an index argument, at most `per_op` per overload."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    seen: dict[str, int] = {}
+    seen: dict[tuple, int] = {}
     found: list[Call] = []
     for info in op_db:
         if only and info.name not in only:
@@ -108,9 +108,12 @@ def calls(only: set[str] | None = None, per_op: int = 2) -> list[Call]:
                 if name in NOT_INDEX or func._schema.is_mutable and "out" in kwargs:
                     continue
                 paths = _index_paths(func, args, kwargs)
-                if not paths or seen.get(name, 0) >= per_op:
+                # one call per overload and rank of its tensors (0-d inputs take other paths)
+                ranks = tuple(a.dim() for a in args if isinstance(a, torch.Tensor))
+                if not paths or (name, ranks) in seen or \
+                        sum(k[0] == name for k in seen) >= per_op:
                     continue
-                seen[name] = seen.get(name, 0) + 1
+                seen[(name, ranks)] = 1
                 clone = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x,
                                  (args, kwargs))
                 found.append(Call(func, clone[0], clone[1], paths, info.name))
@@ -235,11 +238,14 @@ def check(call_op, args, kwargs, mode: str) -> str:
     return ""
 
 
-def sweep(modes_: list[str], only: set[str] | None = None) -> list[tuple[str, str, str, str]]:
+def sweep(modes_: list[str], only: set[str] | None = None,
+          verbose: bool = False) -> list[tuple[str, str, str, str]]:
     """(op, OpInfo, case, mode, what differs) of each case where pjrt differs."""
     differences = []
     for call, what, args, kwargs in cases(calls(only)):
         for mode in modes_:
+            if verbose:
+                print(f"... {call.name} ({call.source}) {what} {mode}", flush=True)
             problem = check(call.op, args, kwargs, mode)
             if problem:
                 differences.append((call.name, call.source, what, mode, problem))
@@ -250,13 +256,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default="strict,fused,debug,compile")
     p.add_argument("--ops", default="", help="OpInfo names (default: all of op_db)")
+    p.add_argument("--verbose", action="store_true", help="print each case before it runs")
     args = p.parse_args(argv)
     only = set(args.ops.split(",")) if args.ops else None
     found = calls(only)
     n_cases = sum(1 for _ in cases(found))
     print(f"{len(found)} calls with an index argument ({len({c.name for c in found})} "
           f"overloads), {n_cases} bad-index cases", flush=True)
-    differences = sweep(args.modes.split(","), only)
+    differences = sweep(args.modes.split(","), only, args.verbose)
     for row in differences:
         print(" | ".join(row), flush=True)
     print(f"{len(differences)} differences")

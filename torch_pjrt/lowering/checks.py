@@ -124,6 +124,14 @@ def index_in_range(index, size: int, dim: int):
     return jnp.where(index < 0, index + size, index)
 
 
+def index_nonnegative(index, size: int, error: type[Exception], message: str):
+    """Require 0 <= index < size: the ops whose CPU and CUDA kernels take no negative index
+    (gather, scatter, index_add, index_copy, index_select, index_reduce). `message` may name the
+    index as {0}."""
+    require((index >= 0) & (index < size), error, message, index)
+    return index
+
+
 # ---------------------------------------------------------------- pending
 _pending: list[tuple] = []  # (flags: jax.Array (n, 2), [(error, message, op)], op name)
 _MAX_PENDING = 256

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..checks import index_in_range, require
+from ..checks import index_in_range, index_nonnegative, require
 from ..registry import lower
 from ._ops import aten
 
@@ -112,16 +112,15 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 def index_select(x, dim, index):
     # Unlike indexing, index_select takes no negative index (the CPU's message); a 0-d
     # input gives a 0-d result (the index must be [0]).
-    i = index.astype(jnp.int64)
-    require((i >= 0) & (i < (x.shape[dim] if x.ndim else 1)), IndexError,
-            "index out of range in self")
+    i = index_nonnegative(index.astype(jnp.int64), x.shape[dim] if x.ndim else 1, IndexError,
+                          "index out of range in self")
     return x if x.ndim == 0 else jnp.take(x, i.reshape(-1), axis=dim)
 
 
 def _check_gather_index(index, size, dim):
-    require((index >= -size) & (index < size), RuntimeError,
-            f"index out of range in gather/scatter along dimension {dim} with size {size}")
-    return jnp.where(index < 0, index + size, index)
+    # gather and scatter take no negative index (the CPU and CUDA kernels' check)
+    return index_nonnegative(index, size, RuntimeError,
+                             f"index {{0}} is out of bounds for dimension {dim} with size {size}")
 
 
 def _along(index, x_shape, dim):
@@ -142,6 +141,7 @@ def gather(x, dim, index, *, sparse_grad=False):
     if index.size == 0:  # PyTorch skips the shape checks of an empty index
         return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
+        _check_gather_index(index.astype(jnp.int64), 1, 0)
         return x.reshape(index.shape)
     dim = dim % x.ndim
     i = _check_gather_index(index.astype(jnp.int64), x.shape[dim], dim)
@@ -152,6 +152,7 @@ def _scatter(x, dim, index, src, mode):
     if index.size == 0:
         return x
     if x.ndim == 0:
+        _check_gather_index(index.astype(jnp.int64), 1, 0)
         src = jnp.broadcast_to(src, index.shape).reshape(-1)[:1].reshape(())
         return {"set": src, "add": x + src, "multiply": x * src, "amax": jnp.maximum(x, src),
                 "amin": jnp.minimum(x, src)}[mode]
@@ -230,20 +231,32 @@ def _check_slices(x, dim, source) -> None:
 @lower(aten.index_add.default, promote="result", operands=("self", "source", "alpha"))
 def index_add(x, dim, index, source, *, alpha=1):
     _check_slices(x, dim, source)
+    # no negative index (the CPU's kernels): its 0-d and 1-d kernel says IndexError, the
+    # other RuntimeError naming the index
+    size = x.shape[dim % x.ndim] if x.ndim else 1
+    if x.ndim <= 1:
+        i = index_nonnegative(index.astype(jnp.int64), size, IndexError,
+                              "index out of range in self")
+    else:
+        i = index_nonnegative(index.astype(jnp.int64), size, RuntimeError,
+                              f"index {{0}} is out of bounds for dimension {dim % x.ndim} "
+                              f"with size {size}")
     if x.ndim == 0:
         return x + alpha * jnp.sum(source)
     dim = dim % x.ndim
-    i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)
     where = (slice(None),) * dim + (i,)
     return x.at[where].add(alpha * source)
 
 
 @lower(aten.index_copy.default, promote="result", operands=("self", "source"))
 def index_copy(x, dim, index, source):
+    size = x.shape[dim % x.ndim] if x.ndim else 1
+    i = index_nonnegative(index.astype(jnp.int64), size, IndexError,
+                          f"index_copy_(): index {{0}} is out of bounds for dimension "
+                          f"{dim % max(x.ndim, 1)} with size {size}")
     if x.ndim == 0:
         return source.reshape(())
     dim = dim % x.ndim
-    i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)
     return x.at[(slice(None),) * dim + (i,)].set(source)
 
 
@@ -251,6 +264,7 @@ def index_copy(x, dim, index, source):
        operands=("self", "value"))
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
+        index_in_range(index.astype(jnp.int64), 1, 0)
         return jnp.where(index.size > 0, value, x).astype(x.dtype)
     dim = dim % x.ndim
     i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..checks import require
+from ..checks import index_nonnegative, require
 from ..registry import lower
 from ._ops import aten
 
@@ -182,7 +182,9 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         x, source = x.reshape(1), source.reshape(1)
     dim = dim % x.ndim
     xm, sm = jnp.moveaxis(x, dim, 0), jnp.moveaxis(source, dim, 0)
-    index = index.reshape(-1)
+    # no negative index, none past the end (the CPU's check; XLA would drop them silently)
+    index = index_nonnegative(index.reshape(-1).astype(jnp.int64), xm.shape[0], IndexError,
+                              "index out of range in self")
     counts = jnp.zeros((xm.shape[0],), jnp.int64).at[index].add(1)
     touched = (counts > 0).reshape((-1,) + (1,) * (xm.ndim - 1))
     if reduce == "mean":

@@ -1,0 +1,69 @@
+"""Bad indices (negative, past the end, very negative, another dtype) given to every aten
+call op_db's samples make with an index argument (tools/index_sweep.py generates them):
+where the CPU raises, pjrt raises; where the CPU wraps a negative index or takes the other
+dtype, pjrt gives its values. Every case runs in fused eager mode (the default); the other
+eager modes and torch.compile run the first case of each overload and bad index kind."""
+
+import functools
+import importlib.util
+import pathlib
+
+import pytest
+
+_SWEEP = pathlib.Path(__file__).parents[2] / "tools" / "index_sweep.py"
+
+# (aten overload, case) where pjrt still differs from the CPU, each with its reason.
+KNOWN: dict[tuple[str, str], str] = {}
+
+
+@functools.cache
+def _sweep():
+    spec = importlib.util.spec_from_file_location("index_sweep", _SWEEP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _cases():
+    sweep = _sweep()
+    return list(sweep.cases(sweep.calls()))
+
+
+def _firsts():
+    """One case per overload and kind of bad index (the kind: the words after the arg)."""
+    seen, out = set(), []
+    for case in _cases():
+        call, what = case[0], case[1]
+        key = (call.name, what.split(" ", 1)[1])
+        if key not in seen:
+            seen.add(key)
+            out.append(case)
+    return out
+
+
+def _check(cases, mode):
+    sweep = _sweep()
+    wrong = []
+    for call, what, args, kwargs in cases:
+        problem = sweep.check(call.op, args, kwargs, mode)
+        if problem and (call.name, what) not in KNOWN:
+            wrong.append(f"{call.name} ({call.source}) {what}: {problem}")
+    assert not wrong, f"{len(wrong)} cases differ from the CPU in {mode}:\n" + "\n".join(wrong)
+
+
+def test_sweep_reaches_the_index_ops():
+    names = {call.name for call, *_ in _cases()}
+    for op in ("aten.gather.default", "aten.scatter.src", "aten.index_select.default",
+               "aten.index_add.default", "aten.index_reduce.default", "aten.take.default",
+               "aten.embedding.default", "aten.nll_loss_forward.default"):
+        assert op in names, op
+
+
+def test_every_case_fused():
+    _check(_cases(), "fused")
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "compile"])
+def test_one_case_per_overload_and_kind(mode):
+    _check(_firsts(), mode)
