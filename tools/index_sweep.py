@@ -34,6 +34,9 @@ BIG = 1 << 14  # past every size of op_db's samples, small enough that a result 
 # ops whose integer argument is data, not an index (a bad value there is not an index error)
 NOT_INDEX = {"aten.lift_fresh.default", "aten._to_copy.default", "aten.clone.default",
              "aten.copy_.default", "aten.detach.default", "aten.alias.default"}
+# arguments the CPU's own kernels read unchecked (LAPACK's pivots: a bad one corrupts the
+# heap of the process on the CPU itself), so the CPU cannot say what must happen
+UNCHECKED_ON_CPU = {"pivots", "LU_pivots", "info"}
 # aten overloads the OpInfos reach that allocate by an index's value: one past the sizes
 # would ask for a result of `BIG` rows per element (not an index error on any device)
 SIZE_FROM_VALUE = {"aten.repeat_interleave.Tensor", "aten.repeat_interleave.self_Tensor"}
@@ -72,10 +75,12 @@ def _index_paths(op, args, kwargs) -> tuple:
     schema = op._schema
     paths = []
     for i, (a, value) in enumerate(zip(schema.arguments, args)):
+        if a.name in UNCHECKED_ON_CPU:
+            continue
         if _is_index_tensor(value) or (a.name == "index" and type(value) is int):
             paths.append((i, None))
     for name, value in kwargs.items():
-        if _is_index_tensor(value):
+        if _is_index_tensor(value) and name not in UNCHECKED_ON_CPU:
             paths.append((None, name))
     return tuple(paths)
 

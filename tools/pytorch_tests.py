@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -53,6 +52,14 @@ FILES: dict[str, dict] = {
     "test_torch.py": {"match": r"^TestTorchDeviceType\.", "sample": 400},
     "test_autograd.py": {"match": r"^TestAutogradDeviceType\.", "sample": 300},
     "test_ops.py": {"match": r"_(float32|int64)$", "sample": 500},
+}
+# Where each file of the last full run came from: the search index's copy of pytorch/pytorch
+# (commit, characters). torch 2.13.0's own commit (torch.version.git_version
+# cf30153c4c131c8164ee7798e5022d810682e2cb) is not among the stored versions; these are the
+# versions stored, each file read whole and checked against its length.
+SOURCES: dict[str, tuple[str, int]] = {
+    "test_shape_ops.py": ("00972c015f0846e856f3fb8d46de73804a55a4de", 35524),
+    "test_indexing.py": ("017943b70f6920c395e3b6dac100e2cd7ecfa92a", 98599),
 }
 # CI's slice (tests/test_pytorch_suites.py): the smaller files, and a sample of test_ops.
 CI_SLICE = {"test_shape_ops.py": 60, "test_view_ops.py": 60, "test_ops.py": 40}
@@ -234,7 +241,7 @@ def run_tests(file: Path, device: str, tests: list[str], timeout: float, max_rss
         out = lst.name + ".jsonl"
         open(out, "w").close()
         proc = _spawn(file, device, out, lst.name, listing=False)
-        current, started, peak, pos = None, time.monotonic(), 0, 0
+        current, started, peak = None, time.monotonic(), 0
         ended_by = None
         with open(out) as reader:
             while True:
@@ -326,6 +333,7 @@ def run_file(path: Path, spec: dict, args, known) -> dict:
         cpu_secs = time.monotonic() - t0
     return {
         "file": path.name,
+        "chars": len(path.read_text()),
         "collect_error": pjrt_err,
         "pjrt": {o.test: dataclasses.asdict(o) for o in pjrt.values()},
         "cpu": {o.test: dataclasses.asdict(o) for o in cpu.values()},
@@ -387,6 +395,24 @@ def write_report(results: list[dict], known, path: Path, command: str) -> None:
             f"{c['skipped']} | {c['timeout']} | {c['crashed']} | {c['memory']} | "
             f"{c['known-skip']} | {c['budget']} | {s['cpu_pass']} | {rate} | "
             f"{r['pjrt_secs']:.0f} | {r['cpu_secs']:.0f} |")
+    lines += ["", "## The test files", "",
+              "PyTorch's test files are not in the wheel, and not in this repository. This run "
+              "used these, from pytorch/pytorch at the commits named (the lengths were checked "
+              "against the files the run read):", "",
+              "| file | pytorch/pytorch commit | characters | as read |",
+              "| --- | --- | --- | --- |"]
+    for r in results:
+        commit, chars = SOURCES.get(r["file"], ("?", 0))
+        lines.append(f"| {r['file']} | {commit} | {chars} | {r.get('chars', '?')} |")
+    lines += ["", "To assemble the directory again: for each file above, read it from the "
+              "search tool's index of `pytorch/pytorch` (`read_file` with repo pytorch/pytorch, "
+              "path test/FILE, that commit; 16,000 characters a page, `offset` for the next) "
+              "or from a PyTorch checkout at that commit (`git show COMMIT:test/FILE`), write "
+              "the pages end to end into DIR/FILE, and check its length against the table (the "
+              "runner prints both). Helpers the files import that the wheel lacks go beside "
+              "them (none of the files above needs one). Then `TORCH_PJRT_PYTORCH_TESTS=DIR "
+              "python -m pytest tests/test_pytorch_suites.py` runs CI's slice, and the command "
+              "at the top the full run.", ""]
     lines += ["", "## Failures not in the known list, grouped by kind", ""]
     any_unknown = False
     for r in results:
