@@ -16,7 +16,7 @@ from torch._decomp import decomposition_table
 
 from .. import _env, counters
 from ..runtime import watch
-from . import opspec
+from . import opspec, unchecked
 from .meta import refuse_dtypes
 
 _warned: set[str] = set()
@@ -128,10 +128,12 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
 
     cpu_args = [to_cpu(a) for a in args]
     cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    spec = opspec.spec(op)
+    if name in unchecked.CHECKS:
+        unchecked.CHECKS[name](opspec.normalize(spec, tuple(cpu_args), cpu_kwargs))
     out = op(*cpu_args, **cpu_kwargs)
 
     # Write mutated arguments back into the pjrt tensors they came from.
-    spec = opspec.spec(op)
     originals = opspec.normalize(spec, args, kwargs)
     copies = opspec.normalize(spec, tuple(cpu_args), cpu_kwargs)
     for pos in spec.mutated:

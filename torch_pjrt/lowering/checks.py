@@ -132,6 +132,17 @@ def index_nonnegative(index, size: int, error: type[Exception], message: str):
     return index
 
 
+def expect_dtype(x, dtype=jnp.int64) -> None:
+    """Raise the CPU's and CUDA's error for an argument their kernel reads as one dtype only
+    (`data_ptr<int64_t>()`: the targets of the margin losses, max pooling's indices, a
+    loss's weight of another dtype than its input). Raised while tracing: the dtype is known
+    before the data."""
+    dtype = jnp.dtype(dtype)
+    if x.dtype != dtype:
+        raise RuntimeError(f"expected scalar type {type_name(dtype)} but found "
+                           f"{type_name(x.dtype)}")
+
+
 # ---------------------------------------------------------------- pending
 _pending: list[tuple] = []  # (flags: jax.Array (n, 2), [(error, message, op)], op name)
 _MAX_PENDING = 256
