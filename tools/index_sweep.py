@@ -97,13 +97,16 @@ def _index_paths(op, args, kwargs) -> tuple:
     """(position, keyword, list item) of each index argument: an integer tensor, one in a
     list of tensors (index's and index_put's `indices`), or an int named `index`."""
     schema = op._schema
+    if torch.Tag.pointwise in op.tags or torch.Tag.reduction in op.tags:
+        return ()  # an elementwise op's or a reduction's integers are data
+    view = any(r.alias_info is not None for r in schema.returns)
     paths = []
     named = [(i, None, a.name, value) for i, (a, value) in enumerate(zip(schema.arguments,
                                                                             args))]
     named += [(None, name, name, value) for name, value in kwargs.items()]
     for i, kw, name, value in named:
-        if name in UNCHECKED_ON_CPU:
-            continue
+        if name in UNCHECKED_ON_CPU or (view and name == "self"):
+            continue  # (a view's input is data: unbind's, unsqueeze's)
         if _is_index_tensor(value) or (name == "index" and type(value) is int):
             paths.append((i, kw, None))
         elif isinstance(value, (list, tuple)):
@@ -200,8 +203,9 @@ def cached_sources() -> set[tuple[str, str]] | None:
 
 def write_sources(found: list[Call]) -> None:
     opinfos = sorted({c.source for c in found})
-    SOURCES_FILE.write_text(json.dumps({"torch": torch.__version__, "opinfos": opinfos},
-                                       indent=0) + "\n")
+    rows = ",\n".join(f"  {json.dumps(list(s))}" for s in opinfos)
+    SOURCES_FILE.write_text(f'{{"torch": {json.dumps(torch.__version__)}, "opinfos": [\n'
+                            f'{rows}\n]}}\n')
 
 
 def _bad_values(value, name: str) -> Iterator[tuple[str, object]]:
@@ -340,8 +344,11 @@ def check(call_op, args, kwargs, mode: str, undefined: bool = False) -> str:
     if undefined:
         return "" if error is not None else ("the CPU's kernel reads this index unchecked; "
                                              "pjrt returns a result, it must raise")
-    if mode == "compile" and isinstance(error, torch._dynamo.exc.Unsupported):
-        return ""  # Dynamo refuses the call before any backend sees it (as with "eager")
+    if mode == "compile" and isinstance(error, (torch._dynamo.exc.Unsupported,
+                                                torch._dynamo.exc.TorchRuntimeError)):
+        # Dynamo refuses the call, or PyTorch's meta function does while Dynamo traces it,
+        # before any backend sees the graph (as under backend="eager")
+        return ""
     if cpu_error is not None:
         if error is None:
             return f"the CPU raises {type(cpu_error).__name__}, pjrt returns a result"

@@ -143,6 +143,14 @@ def expect_dtype(x, dtype=jnp.int64) -> None:
                            f"{type_name(x.dtype)}")
 
 
+def index_dtype(index, accepted: tuple, error: type[Exception], message: str) -> None:
+    """Raise `error(message)` where the index's dtype is not one of `accepted`, as the CPU's
+    and CUDA's kernels check before they read it (`message` may name the dtype as {0}:
+    Short, Float). Raised while tracing, so compiled graphs check it as eager calls do."""
+    if index.dtype not in tuple(jnp.dtype(a) for a in accepted):
+        raise error(message.replace("{0}", type_name(index.dtype)))
+
+
 # ---------------------------------------------------------------- pending
 _pending: list[tuple] = []  # (flags: jax.Array (n, 2), [(error, message, op)], op name)
 _MAX_PENDING = 256
