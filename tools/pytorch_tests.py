@@ -53,14 +53,23 @@ FILES: dict[str, dict] = {
     "test_autograd.py": {"match": r"^TestAutogradDeviceType\.", "sample": 300},
     "test_ops.py": {"match": r"_(float32|int64)$", "sample": 500},
 }
-# Where each file of the last full run came from: the search index's copy of pytorch/pytorch
-# (commit, characters). torch 2.13.0's own commit (torch.version.git_version
-# cf30153c4c131c8164ee7798e5022d810682e2cb) is not among the stored versions; these are the
-# versions stored, each file read whole and checked against its length.
-SOURCES: dict[str, tuple[str, int]] = {
-    "test_shape_ops.py": ("00972c015f0846e856f3fb8d46de73804a55a4de", 35524),
-    "test_indexing.py": ("017943b70f6920c395e3b6dac100e2cd7ecfa92a", 98599),
+# Where each file of the runs came from: (pytorch/pytorch commit, characters, where it was
+# read). torch 2.13.0's own commit (torch.version.git_version cf30153c4c13...) is not among
+# the stored versions; these are the versions stored, each read whole and its length checked.
+_INDEX = "the search tool's index of pytorch/pytorch (read_file, 16,000 characters a page)"
+SOURCES: dict[str, tuple[str, int, str]] = {
+    "test_shape_ops.py": ("00972c015f0846e856f3fb8d46de73804a55a4de", 35524, _INDEX),
+    "test_indexing.py": ("017943b70f6920c395e3b6dac100e2cd7ecfa92a", 98599, _INDEX),
+    "test_view_ops.py": ("9c491bc34c6ab131b18cf51db02636d65ffd3472", 80417, _INDEX),
+    "test_sort_and_select.py": ("6f3cff94d27f4f2e6ea43523525c8353730e1414", 53360, _INDEX),
+    # the index's only stored version is from 2020 (it imports onlyOnCPUAndCUDA, which torch
+    # 2.13 no longer has); this one is upstream's of March 2023, as the fork
+    # yakov-helm/pytorch_exp carries it (`fetch`, then `git show COMMIT:test/FILE`)
+    "test_type_promotion.py": ("47dca20d800310b03c24c1ccd5fa6b9c7cae034c", 56098,
+                               "the upstream history in the fork yakov-helm/pytorch_exp"),
 }
+# Each run's counts per file (--history), oldest first: the report's before/after table.
+HISTORY = ROOT / "docs" / "pytorch-tests-history.json"
 # CI's slice (tests/test_pytorch_suites.py): the smaller files, and a sample of test_ops.
 CI_SLICE = {"test_shape_ops.py": 60, "test_view_ops.py": 60, "test_ops.py": 40}
 
@@ -395,19 +404,21 @@ def write_report(results: list[dict], known, path: Path, command: str) -> None:
             f"{c['skipped']} | {c['timeout']} | {c['crashed']} | {c['memory']} | "
             f"{c['known-skip']} | {c['budget']} | {s['cpu_pass']} | {rate} | "
             f"{r['pjrt_secs']:.0f} | {r['cpu_secs']:.0f} |")
-    lines += ["", "## The test files", "",
+    lines += [""] + _history_lines([r["file"] for r in results])
+    lines += ["## The test files", "",
               "PyTorch's test files are not in the wheel, and not in this repository. This run "
               "used these, from pytorch/pytorch at the commits named (the lengths were checked "
               "against the files the run read):", "",
-              "| file | pytorch/pytorch commit | characters | as read |",
-              "| --- | --- | --- | --- |"]
+              "| file | pytorch/pytorch commit | characters | as read | read from |",
+              "| --- | --- | --- | --- | --- |"]
     for r in results:
-        commit, chars = SOURCES.get(r["file"], ("?", 0))
-        lines.append(f"| {r['file']} | {commit} | {chars} | {r.get('chars', '?')} |")
-    lines += ["", "To assemble the directory again: for each file above, read it from the "
-              "search tool's index of `pytorch/pytorch` (`read_file` with repo pytorch/pytorch, "
-              "path test/FILE, that commit; 16,000 characters a page, `offset` for the next) "
-              "or from a PyTorch checkout at that commit (`git show COMMIT:test/FILE`), write "
+        commit, chars, where = SOURCES.get(r["file"], ("?", 0, "?"))
+        lines.append(f"| {r['file']} | {commit} | {chars} | {r.get('chars', '?')} | "
+                     f"{where} |")
+    lines += ["", "To assemble the directory again: for each file above, read it at that "
+              "commit from where the table says (the search tool's `read_file` with repo "
+              "pytorch/pytorch and path test/FILE, 16,000 characters a page, `offset` for the "
+              "next; or `git show COMMIT:test/FILE` in any clone that has the commit), write "
               "the pages end to end into DIR/FILE, and check its length against the table (the "
               "runner prints both). Helpers the files import that the wheel lacks go beside "
               "them (none of the files above needs one). Then `TORCH_PJRT_PYTORCH_TESTS=DIR "
@@ -462,7 +473,87 @@ def write_report(results: list[dict], known, path: Path, command: str) -> None:
     path.write_text("\n".join(lines))
 
 
+# ---------------------------------------------------------------- history
+
+def _git_head() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def record_history(results: list[dict], known, note: str) -> None:
+    """Adds one row per file of this run to HISTORY."""
+    rows = json.loads(HISTORY.read_text()) if HISTORY.exists() else []
+    for r in results:
+        s = summarize(r, known)
+        c = s["counts"]
+        rows.append({"file": r["file"], "run": f"{time.strftime('%Y-%m-%d')} {_git_head()}: "
+                     f"{note}", "collected": len(r["pjrt"]),
+                     **{k: c[k] for k in KINDS}, "cpu_pass": s["cpu_pass"],
+                     "rate": None if s["rate"] is None else round(s["rate"], 1),
+                     "pjrt_s": round(r["pjrt_secs"]), "cpu_s": round(r["cpu_secs"])})
+    HISTORY.write_text("[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n")
+
+
+def _history_lines(files: list[str]) -> list[str]:
+    rows = json.loads(HISTORY.read_text()) if HISTORY.exists() else []
+    if not rows:
+        return []
+    lines = ["## Before and after", "",
+             f"Every recorded run of each file, oldest first ({HISTORY.relative_to(ROOT)}; "
+             "`--history NOTE` adds a run). A blank is a count that run did not give.", "",
+             "| file | run | collected | passed | failed | timed out | crashed or memory "
+             "| pass on CPU | rate | pjrt s | CPU s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    order = files + sorted({row["file"] for row in rows} - set(files))
+
+    def cell(row, *keys):
+        values = [row.get(k) for k in keys]
+        return "" if all(v is None for v in values) else str(sum(v or 0 for v in values))
+
+    for file in order:
+        for row in (r for r in rows if r["file"] == file):
+            rate = "" if row.get("rate") is None else f"{row['rate']:.1f}%"
+            lines.append(f"| {file} | {row['run']} | {cell(row, 'collected')} | "
+                         f"{cell(row, 'passed')} | {cell(row, 'failed')} | "
+                         f"{cell(row, 'timeout')} | {cell(row, 'crashed', 'memory')} | "
+                         f"{cell(row, 'cpu_pass')} | {rate} | {cell(row, 'pjrt_s')} | "
+                         f"{cell(row, 'cpu_s')} |")
+    return lines + [""]
+
+
 # ---------------------------------------------------------------- main
+
+def run_files(args, known) -> list[dict]:
+    """Runs each named file (default: every file of FILES) on pjrt and on the CPU."""
+    test_dir = Path(args.pytorch_test_dir)
+    results = []
+    for name in args.files or list(FILES):
+        path = test_dir / Path(name).name
+        if not path.exists():
+            print(f"{name}: not in {test_dir}, left out", flush=True)
+            continue
+        spec = dict(FILES.get(path.name, {}))
+        if args.sample is not None:
+            spec["sample"] = min(args.sample, spec.get("sample") or args.sample)
+        if args.match:
+            spec["match"] = f"(?={spec['match']})(?=.*{args.match})" if spec.get("match") \
+                else args.match
+        try:
+            r = run_file(path, spec, args, known)
+        except Exception:  # a broken file must not end the run
+            traceback.print_exc()
+            continue
+        results.append(r)
+        s = summarize(r, known)
+        rate = f"{s['rate']:.1f}%" if s["rate"] is not None else "-"
+        print(f"{path.name}: {dict(s['counts'])} rate {rate} "
+              f"({r['pjrt_secs']:.0f} s pjrt, {r['cpu_secs']:.0f} s CPU)", flush=True)
+    return results
+
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -474,9 +565,16 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=1800.0, help="seconds per file and device")
     p.add_argument("--collect-timeout", type=float, default=300.0)
     p.add_argument("--sample", type=int, default=None, help="at most N tests per file")
+    p.add_argument("--match", default=None,
+                   help="only the tests whose device-free id matches this regular expression")
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU reference run")
     p.add_argument("--report", default=None, help="write this markdown report")
     p.add_argument("--json", default=None, help="write the raw outcomes here")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="JSON",
+                   help="run nothing: report the outcomes of earlier runs' --json files")
+    p.add_argument("--history", default=None, metavar="NOTE",
+                   help=f"add this run's counts per file to {HISTORY.name} (the report's "
+                   "before/after table), with NOTE saying what ran")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--file", help=argparse.SUPPRESS)
     p.add_argument("--device", help=argparse.SUPPRESS)
@@ -486,34 +584,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
-    if not args.pytorch_test_dir or not Path(args.pytorch_test_dir).is_dir():
+    if not args.from_json and (not args.pytorch_test_dir or
+                               not Path(args.pytorch_test_dir).is_dir()):
         p.error("--pytorch-test-dir (or TORCH_PJRT_PYTORCH_TESTS) must name PyTorch's test/ "
                 "directory; docs/pytorch-tests.md says how to assemble it")
     import pytorch_tests_known as known
 
-    test_dir = Path(args.pytorch_test_dir)
-    names = args.files or list(FILES)
-    results = []
-    for name in names:
-        path = test_dir / Path(name).name
-        if not path.exists():
-            print(f"{name}: not in {test_dir}, left out", flush=True)
-            continue
-        spec = dict(FILES.get(path.name, {}))
-        if args.sample is not None:
-            spec["sample"] = min(args.sample, spec.get("sample") or args.sample)
-        try:
-            r = run_file(path, spec, args, known)
-        except Exception:  # a broken file must not end the run
-            traceback.print_exc()
-            continue
-        results.append(r)
-        s = summarize(r, known)
-        rate = f"{s['rate']:.1f}%" if s["rate"] is not None else "-"
-        print(f"{path.name}: {dict(s['counts'])} rate {rate} "
-              f"({r['pjrt_secs']:.0f} s pjrt, {r['cpu_secs']:.0f} s CPU)", flush=True)
+    if args.from_json:  # the report of earlier runs' outcomes, nothing run
+        results = [r for f in args.from_json for r in json.loads(Path(f).read_text())]
+    else:
+        results = run_files(args, known)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.history:
+        record_history(results, known, args.history)
     if args.report:
         command = "python tools/pytorch_tests.py --pytorch-test-dir DIR " + " ".join(
             a for a in (argv if argv is not None else sys.argv[1:])
