@@ -60,6 +60,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_FUZZ_EXAMPLES", "300", "tests/fuzz: how many random programs the "
            "differential fuzz test runs (a fixed seed; the compiled test runs a tenth as "
            "many); more for a long sweep (docs/reliability.md)."),
+    EnvVar("TORCH_PJRT_PYTORCH_TESTS", "", "tools/pytorch_tests.py and its CI slice: "
+           "PyTorch's own test/ directory of the installed torch (not in the wheel; "
+           "docs/pytorch-tests.md says how to assemble it); empty: the slice is skipped."),
     EnvVar("TORCH_PJRT_CONV_PATCHES", "1", "On the cpu platform: 1: convolutions with a "
            "small output image (at most 64 positions) or few input values per patch (at "
            "most 32) run as one matrix product of their patches, where XLA:CPU's "

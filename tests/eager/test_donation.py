@@ -51,3 +51,24 @@ def test_fused_adamw_step_updates_parameters_and_state_in_place(monkeypatch):
     # and the step did update every parameter
     for b, p in zip(before, model.parameters()):
         assert not torch.equal(b, p.detach().cpu())
+
+
+def test_debug_mode_check_failure_leaves_the_written_tensor_usable():
+    # An in-place op donates its tensor's buffer; in debug mode its failed device check
+    # raised before the tensor got the new one, and every later synchronization failed
+    # ("called on deleted or donated buffer").
+    x = torch.zeros(6, dtype=torch.int64, device="pjrt")
+    x.scatter_(0, torch.tensor([2], dtype=torch.int32, device="pjrt"), 1)  # compiled once
+    with torch_pjrt.set_eager_mode("debug"):
+        y = torch.zeros(6, dtype=torch.int64, device="pjrt")
+        try:
+            y.scatter_(0, torch.tensor([-1], device="pjrt"), 1)
+        except RuntimeError as e:
+            assert "out of bounds" in str(e)
+        else:
+            raise AssertionError("a negative scatter index did not raise")
+        torch.pjrt.synchronize()
+        y.cpu()
+        z = torch.zeros(6, dtype=torch.int64, device="pjrt")
+        z.scatter_(0, torch.tensor([2], dtype=torch.int32, device="pjrt"), 1)
+        assert z.cpu().tolist() == [0, 0, 1, 0, 0, 0]

@@ -48,7 +48,7 @@ class set_eager_mode:  # noqa: N801 - a function that is also a context manager
 
     def __init__(self, mode: str):
         global _explicit
-        self.previous = _current
+        self.previous = get()  # (before PJRT starts: the mode it would start in)
         _explicit = True
         _apply(mode)
 

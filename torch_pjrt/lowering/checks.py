@@ -124,6 +124,33 @@ def index_in_range(index, size: int, dim: int):
     return jnp.where(index < 0, index + size, index)
 
 
+def index_nonnegative(index, size: int, error: type[Exception], message: str):
+    """Require 0 <= index < size: the ops whose CPU and CUDA kernels take no negative index
+    (gather, scatter, index_add, index_copy, index_select, index_reduce). `message` may name the
+    index as {0}."""
+    require((index >= 0) & (index < size), error, message, index)
+    return index
+
+
+def expect_dtype(x, dtype=jnp.int64) -> None:
+    """Raise the CPU's and CUDA's error for an argument their kernel reads as one dtype only
+    (`data_ptr<int64_t>()`: the targets of the margin losses, max pooling's indices, a
+    loss's weight of another dtype than its input). Raised while tracing: the dtype is known
+    before the data."""
+    dtype = jnp.dtype(dtype)
+    if x.dtype != dtype:
+        raise RuntimeError(f"expected scalar type {type_name(dtype)} but found "
+                           f"{type_name(x.dtype)}")
+
+
+def index_dtype(index, accepted: tuple, error: type[Exception], message: str) -> None:
+    """Raise `error(message)` where the index's dtype is not one of `accepted`, as the CPU's
+    and CUDA's kernels check before they read it (`message` may name the dtype as {0}:
+    Short, Float). Raised while tracing, so compiled graphs check it as eager calls do."""
+    if index.dtype not in tuple(jnp.dtype(a) for a in accepted):
+        raise error(message.replace("{0}", type_name(index.dtype)))
+
+
 # ---------------------------------------------------------------- pending
 _pending: list[tuple] = []  # (flags: jax.Array (n, 2), [(error, message, op)], op name)
 _MAX_PENDING = 256
