@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -10,11 +11,15 @@ from typing import Any
 _HOT = ("cache_hits",)
 _counters: dict[str, int] = dict.fromkeys(_HOT, 0)
 _fallbacks: Counter = Counter()
-_compile_seconds: list[float] = [0.0]
+_compile_seconds: list[float] = [0.0, 0.0]  # the user waited for; in the background
+
+
+_lock = threading.Lock()  # compile threads count too (runtime/compile_pool.py)
 
 
 def count(name: str, n: int = 1) -> None:
-    _counters[name] = _counters.get(name, 0) + n
+    with _lock:
+        _counters[name] = _counters.get(name, 0) + n
 
 
 def value(name: str) -> int:
@@ -27,13 +32,22 @@ def count_fallback(op_name: str) -> None:
 
 
 def add_compile_time(seconds: float) -> None:
-    _compile_seconds[0] += seconds
+    with _lock:
+        _compile_seconds[0] += seconds
+
+
+def add_background_compile_time(seconds: float) -> None:
+    """Seconds a compile thread spent on programs nobody waited for (eager/tiers.py)."""
+    with _lock:
+        _compile_seconds[1] += seconds
 
 
 def metrics() -> dict[str, Any]:
     """A snapshot of every counter (see docs for their meaning)."""
     out: dict[str, Any] = {k: v for k, v in _counters.items() if v}
     out["compile_seconds"] = round(_compile_seconds[0], 6)
+    if _compile_seconds[1]:
+        out["background_compile_seconds"] = round(_compile_seconds[1], 6)
     out["cpu_fallbacks"] = dict(_fallbacks)
     return out
 
@@ -51,4 +65,4 @@ def reset() -> None:
     _counters.clear()
     _counters.update(dict.fromkeys(_HOT, 0))
     _fallbacks.clear()
-    _compile_seconds[0] = 0.0
+    _compile_seconds[0] = _compile_seconds[1] = 0.0

@@ -229,13 +229,25 @@ class _Launcher:
     def launch(self, args: list, dyn: list):
         """The program on the buffers already in its argument order (Entry.order)."""
         if self.compiled is None:
-            entry = self.entry
-            watch.describe_entry(entry.digest, entry.name, entry.signature)
-            if not entry.alone:  # (a torch.compile graph notes its own recompiles)
-                recompiles.note_op(entry.name, entry.signature)
-            self.compiled = compile_cache.compile(
-                self.jitted, (*args, *dyn), entry.digest, entry.device,
-                get_side=lambda: entry.checks, set_side=entry.set_checks, drop=self.drop)
-            if self.order is None:
-                entry.call = self.compiled
+            self.take(self.obtain(args, dyn)())
         return self.compiled(*args, *dyn)
+
+    def obtain(self, args: list, dyn: list):
+        """A work that loads or compiles the program for arguments like these, touching
+        nothing else (runtime/compile_pool.py runs it on a compile thread); take() its
+        result."""
+        entry = self.entry
+        jitted, flat = self.jitted, (*args, *dyn)
+        return lambda: compile_cache.obtain(jitted, flat, entry.digest, entry.device,
+                                            get_side=lambda: entry.checks)
+
+    def take(self, built) -> None:
+        """Use the program obtain()'s work gave."""
+        entry = self.entry
+        watch.describe_entry(entry.digest, entry.name, entry.signature)
+        if not entry.alone:  # (a torch.compile graph notes its own recompiles)
+            recompiles.note_op(entry.name, entry.signature)
+        self.compiled = compile_cache.finish(built, entry.digest, set_side=entry.set_checks,
+                                             drop=self.drop)
+        if self.order is None:
+            entry.call = self.compiled

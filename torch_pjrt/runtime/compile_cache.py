@@ -181,27 +181,60 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
     set_side(info) restores it when the program comes from disk instead. drop() makes the
     caller let go of the program (it compiles it again, from disk, at its next use): called
     when the process holds too many programs (see _hold)."""
+    return finish(obtain(jitted, args, name, device, get_side), name, set_side, drop)
+
+
+class Built:
+    """A program obtain() loaded or compiled, for finish() to take into use."""
+
+    __slots__ = ("compiled", "side", "source", "seconds", "lowered", "began", "jitted", "args")
+
+    def __init__(self, compiled, side, source: str, seconds: float, lowered, began: int,
+                 jitted, args: tuple):
+        self.compiled = compiled
+        self.side = side
+        self.source = source  # "disk" or "compiled"
+        self.seconds = seconds
+        self.lowered = lowered
+        self.began = began
+        self.jitted = jitted
+        self.args = args
+
+
+def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
+           build: bool = True) -> Built | None:
+    """`jitted` for `args` (arrays or their avals) from the disk cache, else compiled by
+    XLA and stored; None where it is not on disk and `build` is false. Safe on a compile
+    thread (runtime/compile_pool.py): it changes only counters and files."""
     start = time.perf_counter()
     began = device_trace.now() if watch.profiling else 0
-    lowered = None
     found = load(name, device)
     if found is not None:
-        compiled, side = found
-        if set_side is not None:
-            set_side(side)
-    else:
-        lowered = jitted.lower(*args)
-        compiled = lowered.compile()
-        store(name, compiled, get_side() if get_side is not None else None)
-    source = "disk" if found is not None else "compiled"
-    program = watch.compiled(name, source, time.perf_counter() - start)
+        return Built(found[0], found[1], "disk", time.perf_counter() - start, None, began,
+                     jitted, args)
+    if not build:
+        return None
+    lowered = jitted.lower(*args)
+    compiled = lowered.compile()
+    side = get_side() if get_side is not None else None
+    store(name, compiled, side)
+    return Built(compiled, side, "compiled", time.perf_counter() - start, lowered, began,
+                 jitted, args)
+
+
+def finish(built: Built, name: str, set_side=None, drop: Callable[[], None] | None = None):
+    """A program obtain() gave, taken into use on the user's thread: its side info
+    restored (from disk), noted for the metrics, dumps and profiles; its entry point."""
+    if built.source == "disk" and set_side is not None:
+        set_side(built.side)
+    program = watch.compiled(name, built.source, built.seconds)
     if watch.dumping:
-        dumps.write(program, compiled, lowered or jitted.lower(*args))
-    if began:
-        device_trace.compiled(program, began, source)
+        dumps.write(program, built.compiled, built.lowered or built.jitted.lower(*built.args))
+    if built.began:
+        device_trace.compiled(program, built.began, built.source)
     if drop is not None:
         _hold(drop)
-    return _entry_point(compiled)
+    return _entry_point(built.compiled)
 
 
 # ------------------------------------------------------------------ live programs

@@ -1,0 +1,128 @@
+"""Tiered execution of fused eager: a graph piece whose fused program is not compiled runs
+op by op on its ops' own programs (the ones strict mode runs: they exist, or compile in a
+fraction of the time, side by side on every core) where that is cheaper than waiting for
+the fused compile; the fused program compiles on a compile thread once the piece recurs,
+and runs from the first flush after it is ready. The rule and its figures:
+docs/compile-cost.md."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import jax
+
+from .. import _env, counters
+from ..lowering import checks
+from ..runtime import client, compile_pool, device_trace, watch
+from .scalars import device_scalar
+
+if TYPE_CHECKING:
+    from .schedule import Piece
+
+enabled = True  # TORCH_PJRT_TIERED, set by configure()
+
+# What the choice weighs, in seconds (XLA:CPU on the 2-core development machine,
+# docs/compile-cost.md): compiling one op's own program, launching it, and compiling a
+# fused program (a fixed part and a part per op).
+OP_COMPILE = 0.05
+OP_LAUNCH = 0.0001
+GRAPH_COMPILE = 0.2
+NODE_COMPILE = 0.01
+
+
+def configure() -> None:
+    global enabled
+    enabled = _env.flag("TORCH_PJRT_TIERED")
+
+
+def fused_now(piece: Piece, args: list, dyn) -> bool:
+    """Whether the piece runs its fused program now (loaded from disk or compiled first,
+    here), or op by op (False: its fused program may be compiling meanwhile)."""
+    prog = piece.program
+    if prog.job is not None:  # compiling on a compile thread
+        return False
+    fused_args = [*[args[i] for i in piece.order], *dyn]
+    if not prog.looked and prog.load(fused_args):
+        return True
+    if not enabled or not piece.per_op:
+        prog.compile_now(fused_args)
+        return True
+    if prog.failed is not None:
+        return False
+    prog.needs += 1
+    if not _ops_cheaper(piece):
+        prog.compile_now(fused_args)
+        return True
+    if prog.needs >= 2:  # it recurs: worth its compile, which nobody waits for
+        prog.compile_in_background(fused_args)
+    return False
+
+
+def _ops_cheaper(piece: Piece) -> bool:
+    """Whether compiling the ops' missing programs (on every core) and launching them one
+    by one costs less than compiling the fused program."""
+    missing = len({id(w[0]) for w in piece.wiring if w[0].fn.compiled is None})
+    ops = len(piece.wiring)
+    by_ops = missing * OP_COMPILE / compile_pool.threads() + ops * OP_LAUNCH
+    return by_ops < GRAPH_COMPILE + ops * NODE_COMPILE
+
+
+def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:
+    """The piece's outputs, computed op by op on each op's own program (the one strict mode
+    runs, with the same inputs and run-time values: random ops draw the same numbers)."""
+    _prepare(piece, args, dyn, device)
+    counters.count("tiered_pieces")
+    counters.count("tiered_ops", len(piece.wiring))
+    produced: list = [None] * len(piece.wiring)
+    profiling = watch.profiling
+    d = 0
+    for i, (entry, refs, n_dyn) in enumerate(piece.wiring):
+        a = [None if r is None else args[r] if type(r) is int else produced[r[0]][r[1]]
+             for r in refs]
+        values = [device_scalar(v, device) for v in dyn[d:d + n_dyn]] if n_dyn else []
+        d += n_dyn
+        if profiling:
+            node = nodes[piece.start + i]
+            res = device_trace.launch(entry.fn.launch, entry.digest, device, [a, values],
+                                      a[:len(entry.donate)],
+                                      [(entry.name, watch.node_sites.get(id(node)))])
+        else:
+            res = entry.fn.launch(a, values)
+        if entry.checks is not None:
+            checks.defer(res[-1], entry.checks, entry.name)
+        produced[i] = res
+        for j in piece.drop[i]:
+            produced[j] = None
+    return [produced[j][k] for j, k in piece.local_outputs]
+
+
+def _prepare(piece: Piece, args: list, dyn, device: int) -> None:
+    """Compile (or load) the programs of the piece's ops that have none yet, side by side."""
+    todo = []
+    seen = set()
+    sharding = None
+    d = 0
+    for entry, refs, n_dyn in piece.wiring:
+        if entry.fn.compiled is None and id(entry) not in seen:
+            seen.add(id(entry))
+            if sharding is None:
+                sharding = jax.sharding.SingleDeviceSharding(client.device(device))
+            a = [None if r is None else args[r] if type(r) is int else
+                 _aval(piece.wiring[r[0]][0].result_avals[r[1]], sharding) for r in refs]
+            values = [device_scalar(v, device) for v in dyn[d:d + n_dyn]]
+            todo.append((entry, a, values))
+        d += n_dyn
+    if not todo:
+        return
+    start = time.perf_counter()
+    built = compile_pool.parallel([entry.fn.obtain(a, values) for entry, a, values in todo])
+    for (entry, _, _), b in zip(todo, built):
+        entry.fn.take(b)
+    counters.count("compiles", len(todo))
+    counters.add_compile_time(time.perf_counter() - start)
+
+
+def _aval(aval: tuple, sharding):
+    shape, dtype = aval
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
