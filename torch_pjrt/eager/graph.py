@@ -189,6 +189,15 @@ def flush_reason() -> str | None:
 _plans: dict[tuple, schedule.Schedule] = {}  # graph structure -> how it runs
 
 
+def take_compiled() -> None:
+    """Take the fused programs compiled in the background since the last flush into use."""
+    _native.lock_ops()
+    try:
+        compile_pool.poll()
+    finally:
+        _native.unlock_ops()
+
+
 def forget() -> None:
     """Drop every graph's schedule and program (the next flushes load them from disk)."""
     _plans.clear()

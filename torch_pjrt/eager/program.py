@@ -76,6 +76,8 @@ class Program:
 
     def _done(self, built, error: Exception | None) -> None:
         self.job = None
+        if isinstance(error, compile_pool.Cancelled):
+            return  # queued again when it is needed again
         if error is not None:
             self.failed = error
             counters.count("background_compile_errors")

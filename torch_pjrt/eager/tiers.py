@@ -36,6 +36,17 @@ def configure() -> None:
     enabled = _env.flag("TORCH_PJRT_TIERED")
 
 
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait for the fused programs compiling in the background and take them into use, so
+    that the next flushes run them (a benchmark's steady state starts here). False if
+    `timeout` seconds passed first."""
+    from . import graph
+
+    done = compile_pool.wait(timeout)
+    graph.take_compiled()
+    return done
+
+
 def fused_now(piece: Piece, args: list, dyn) -> bool:
     """Whether the piece runs its fused program now (loaded from disk or compiled first,
     here), or op by op (False: its fused program may be compiling meanwhile)."""
@@ -43,10 +54,10 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
     if prog.job is not None:  # compiling on a compile thread
         return False
     fused_args = [*[args[i] for i in piece.order], *dyn]
-    if not prog.looked and prog.load(fused_args):
-        return True
     if not enabled or not piece.per_op:
-        prog.compile_now(fused_args)
+        prog.compile_now(fused_args)  # (from the disk cache if it is there)
+        return True
+    if not prog.looked and prog.load(fused_args):
         return True
     if prog.failed is not None:
         return False

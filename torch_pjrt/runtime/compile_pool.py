@@ -136,8 +136,8 @@ def poll() -> int:
 
 
 def wait(timeout: float | None = None) -> bool:
-    """Wait until every queued background compile has finished and is taken into use;
-    False if `timeout` seconds passed first."""
+    """Wait until every queued background compile has finished (poll() then takes them
+    into use); False if `timeout` seconds passed first."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with _cond:
         while _queued or _running:
@@ -145,8 +145,25 @@ def wait(timeout: float | None = None) -> bool:
             if left is not None and left <= 0:
                 break
             _cond.wait(left)
-    poll()
-    return pending() == 0
+        return not _queued and not _running
+
+
+class Cancelled(Exception):
+    """What done() gets for a job dropped before it ran (cancel())."""
+
+
+def cancel() -> int:
+    """Drop the queued background compiles (their done() gets Cancelled, on this thread)
+    and wait for the running ones; returns how many were dropped. Tests call this between
+    tests, so that no compile of one lands in another's counters."""
+    with _cond:
+        dropped = list(_queued)
+        _queued.clear()
+        while _running:
+            _cond.wait()
+    for job in dropped:
+        job.done(None, Cancelled())
+    return len(dropped)
 
 
 def _stop() -> None:
