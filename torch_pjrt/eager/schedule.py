@@ -63,19 +63,39 @@ class Piece:
         return values
 
 
+# A loop's graph of at most this many ops compiles whole too, in the background once its
+# pieces are compiled, and runs as one program from then on: what it ran as before loops
+# were cut (the steady state stays the same); longer ones keep their pieces.
+WHOLE_MAX_OPS = 3000
+
+
 class Schedule:
-    """The pieces of one graph structure, in order."""
+    """The pieces of one graph structure, in order (and the whole graph as one piece, once
+    that is compiled)."""
 
-    __slots__ = ("pieces", "outputs")
+    __slots__ = ("pieces", "outputs", "unrolled", "whole")
 
-    def __init__(self, pieces: list[Piece], outputs: list[tuple]):
+    def __init__(self, pieces: list[Piece], outputs: list[tuple], unrolled: tuple | None):
         self.pieces = pieces
         self.outputs = outputs
+        self.unrolled = unrolled  # plan()'s arguments for the whole graph, where it may
+        self.whole: Piece | None = None
 
     def run(self, inputs: list, dyn: list, device: int, nodes: list) -> list:
         """The graph's outputs' values, in order, from its inputs and run-time values."""
         if len(self.pieces) == 1:
             return self.pieces[0].run(inputs, dyn, device, nodes)
+        whole = self.whole
+        if whole is not None and whole.program.compiled is not None:
+            return whole.run(inputs, dyn, device, nodes)
+        if self.unrolled is not None and tiers.enabled and all(
+                p.program.compiled is not None for p in self.pieces):
+            if whole is None:
+                self.whole = whole = _single(*self.unrolled, nodes)
+            prog = whole.program
+            if prog.job is None and prog.failed is None:
+                prog.compile_in_background([*[inputs[i] for i in whole.order], *dyn])
+                counters.count("graph_loops_unrolling")
         store: dict[tuple, object] = {}
         for piece in self.pieces:
             args = [inputs[s] if type(s) is int else store[s] for s in piece.sources]
@@ -93,20 +113,13 @@ def plan(wiring: tuple, outputs: list, donated: list, n_inputs: int, device: int
     the graph's nodes, whose lines of user code describe the programs)."""
     n = len(wiring)
     bounds = [0, *loops.cuts(wiring, outputs), n]
+    whole = (wiring, outputs, donated, n_inputs, device, dyn_types, key)
+    if len(bounds) == 2:
+        return Schedule([_single(*whole, nodes)], list(outputs), None)
+    counters.count("graph_loops")
     last = _last_readers(wiring)
     out_set = set(outputs)
     donated_set = set(donated)
-    if len(bounds) == 2:
-        piece = Piece(0, n)
-        piece.sources = list(range(n_inputs))
-        piece.wiring = list(wiring)
-        piece.local_outputs = piece.outputs = list(outputs)
-        piece.dyn = (0, sum(w[2] for w in wiring))
-        piece.donated = list(donated)
-        piece.program = _program(key, piece, device, dyn_types, nodes)
-        _finish(piece, n_inputs, last, out_set, donated_set)
-        return Schedule([piece], list(outputs))
-    counters.count("graph_loops")
     pieces = _cut(wiring, bounds, outputs, donated_set, n_inputs, last, out_set)
     at = 0
     dyn_at = [0]
@@ -119,7 +132,21 @@ def plan(wiring: tuple, outputs: list, donated: list, n_inputs: int, device: int
                      device, dyn_types[piece.dyn[0]:piece.dyn[1]])
         piece.program = _program(piece_key, piece, device, piece_key[-1], nodes)
         _finish(piece, n_inputs, last, out_set, donated_set)
-    return Schedule(pieces, list(outputs))
+    return Schedule(pieces, list(outputs), whole if n <= WHOLE_MAX_OPS else None)
+
+
+def _single(wiring: tuple, outputs: list, donated: list, n_inputs: int, device: int,
+            dyn_types: tuple, key: tuple, nodes: list) -> Piece:
+    """The whole graph as one piece."""
+    piece = Piece(0, len(wiring))
+    piece.sources = list(range(n_inputs))
+    piece.wiring = list(wiring)
+    piece.local_outputs = piece.outputs = list(outputs)
+    piece.dyn = (0, sum(w[2] for w in wiring))
+    piece.donated = list(donated)
+    piece.program = _program(key, piece, device, dyn_types, nodes)
+    _finish(piece, n_inputs, _last_readers(wiring), set(outputs), set(donated))
+    return piece
 
 
 def _program(key: tuple, piece: Piece, device: int, dyn_types: tuple, nodes: list):

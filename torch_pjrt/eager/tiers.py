@@ -11,10 +11,12 @@ import time
 from typing import TYPE_CHECKING
 
 import jax
+import torch
 
 from .. import _env, counters
 from ..lowering import checks
 from ..runtime import client, compile_pool, device_trace, watch
+from .op_cache import quick
 from .scalars import device_scalar
 
 if TYPE_CHECKING:
@@ -54,7 +56,9 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
     if prog.job is not None:  # compiling on a compile thread
         return False
     fused_args = [*[args[i] for i in piece.order], *dyn]
-    if not enabled or not piece.per_op:
+    # (deterministic algorithms: one program, whenever it runs: results that do not depend
+    # on when a compile finished, to the last bit)
+    if not enabled or not piece.per_op or torch.are_deterministic_algorithms_enabled():
         prog.compile_now(fused_args)  # (from the disk cache if it is there)
         return True
     if not prog.looked and prog.load(fused_args):
@@ -73,7 +77,7 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
 def _ops_cheaper(piece: Piece) -> bool:
     """Whether compiling the ops' missing programs (on every core) and launching them one
     by one costs less than compiling the fused program."""
-    missing = len({id(w[0]) for w in piece.wiring if w[0].fn.compiled is None})
+    missing = len({id(w[0]) for w in piece.wiring if _launcher(w[0]).compiled is None})
     ops = len(piece.wiring)
     by_ops = missing * OP_COMPILE / compile_pool.threads() + ops * OP_LAUNCH
     return by_ops < GRAPH_COMPILE + ops * NODE_COMPILE
@@ -93,13 +97,14 @@ def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:
              for r in refs]
         values = [device_scalar(v, device) for v in dyn[d:d + n_dyn]] if n_dyn else []
         d += n_dyn
+        launcher = _launcher(entry)
         if profiling:
             node = nodes[piece.start + i]
-            res = device_trace.launch(entry.fn.launch, entry.digest, device, [a, values],
+            res = device_trace.launch(launcher.launch, launcher.digest, device, [a, values],
                                       a[:len(entry.donate)],
                                       [(entry.name, watch.node_sites.get(id(node)))])
         else:
-            res = entry.fn.launch(a, values)
+            res = launcher.launch(a, values)
         if entry.checks is not None:
             checks.defer(res[-1], entry.checks, entry.name)
         produced[i] = res
@@ -115,7 +120,7 @@ def _prepare(piece: Piece, args: list, dyn, device: int) -> None:
     sharding = None
     d = 0
     for entry, refs, n_dyn in piece.wiring:
-        if entry.fn.compiled is None and id(entry) not in seen:
+        if _launcher(entry).compiled is None and id(entry) not in seen:
             seen.add(id(entry))
             if sharding is None:
                 sharding = jax.sharding.SingleDeviceSharding(client.device(device))
@@ -127,11 +132,19 @@ def _prepare(piece: Piece, args: list, dyn, device: int) -> None:
     if not todo:
         return
     start = time.perf_counter()
-    built = compile_pool.parallel([entry.fn.obtain(a, values) for entry, a, values in todo])
-    for (entry, _, _), b in zip(todo, built):
-        entry.fn.take(b)
+    launchers = [_launcher(entry) for entry, _, _ in todo]
+    built = compile_pool.parallel([launcher.obtain(a, values)
+                                   for launcher, (_, a, values) in zip(launchers, todo)])
+    for launcher, b in zip(launchers, built):
+        launcher.take(b)
     counters.count("compiles", len(todo))
     counters.add_compile_time(time.perf_counter() - start)
+
+
+def _launcher(entry):
+    """The program an op runs on in a graph run op by op: its own, where it is compiled
+    (strict mode ran it), else its quick one (compile_cache.quick_options)."""
+    return entry.fn if entry.fn.compiled is not None else quick(entry)
 
 
 def _aval(aval: tuple, sharding):

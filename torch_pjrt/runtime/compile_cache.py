@@ -104,6 +104,19 @@ def digest(key: Any, device_index: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@functools.cache
+def quick_options() -> dict:
+    """XLA options for programs compiled to run soon rather than fast (eager/tiers.py's op
+    programs while a fused program compiles): on XLA:CPU, LLVM without optimization and
+    the older loop emitters compile an op's program in 40% of the time (measured:
+    docs/compile-cost.md); {} elsewhere (not measured there)."""
+    from . import client
+
+    if client.platform() != "cpu":
+        return {}
+    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+
 def _path(name: str) -> str:
     return os.path.join(directory(), name[:2], name + _SUFFIX)
 
@@ -202,10 +215,11 @@ class Built:
 
 
 def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
-           build: bool = True) -> Built | None:
+           build: bool = True, options: dict | None = None) -> Built | None:
     """`jitted` for `args` (arrays or their avals) from the disk cache, else compiled by
-    XLA and stored; None where it is not on disk and `build` is false. Safe on a compile
-    thread (runtime/compile_pool.py): it changes only counters and files."""
+    XLA (with these compiler `options`, which `name` must reflect) and stored; None where
+    it is not on disk and `build` is false. Safe on a compile thread
+    (runtime/compile_pool.py): it changes only counters and files."""
     start = time.perf_counter()
     began = device_trace.now() if watch.profiling else 0
     found = load(name, device)
@@ -215,7 +229,7 @@ def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
     if not build:
         return None
     lowered = jitted.lower(*args)
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     side = get_side() if get_side is not None else None
     store(name, compiled, side)
     return Built(compiled, side, "compiled", time.perf_counter() - start, lowered, began,
