@@ -135,11 +135,17 @@ def _hf_run(work: Workload, device: str, backend: str | None, small: bool) -> li
     model.generation_config.eos_token_id = None
     if work.task == "batch":
         from transformers import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig
 
         prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 9, 12)]
         config = GenerationConfig(max_new_tokens=BATCH_TOKENS, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)
-        out = model.generate_batch(inputs=prompts, generation_config=config)
+                                  eos_token_id=-1, pad_token_id=0)
+        # a KV cache sized for this work: left to itself, it sizes its cache from the free
+        # memory it finds (off a GPU, without psutil, more than the machine has)
+        cache = ContinuousBatchingConfig(page_size=16, num_blocks=16, max_batch_tokens=64,
+                                         max_requests_per_batch=BATCH_PROMPTS)
+        out = model.generate_batch(inputs=prompts, generation_config=config,
+                                   continuous_batching_config=cache)
         return [out[k].generated_tokens for k in sorted(out)]
     batch, prompt, new = (1, 4, 4) if small else (4, 16, NEW_TOKENS)
     ids = torch.randint(3, vocab, (batch, prompt), generator=gen).to(device)
