@@ -27,8 +27,8 @@ from typing import Any
 from .. import _env, counters
 from . import cache_files, device_trace, dumps, watch
 
-_MAGIC = b"TPJRTXC1"
-_SUFFIX = ".xc"
+MAGIC = b"TPJRTXC1"
+SUFFIX = ".xc"
 
 _total_bytes: int | None = None  # this process's running estimate of the cache size
 
@@ -79,7 +79,10 @@ _COMPILER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "NEURON_CC_FLAGS")
 
 
 @functools.cache
-def _prefix(device_index: int) -> str:
+def platform_key(device_index: int = 0) -> dict[str, str]:
+    """Everything besides a program's own code that decides whether a stored program may
+    run here: versions, torch-pjrt's sources, the device, the compiler's flags. Part of
+    every entry's digest, and the key a shipped cache carries (runtime/cache_bundle.py)."""
     import jax
     import jaxlib
     import torch
@@ -87,14 +90,39 @@ def _prefix(device_index: int) -> str:
     from . import client, cpu_kernels
 
     d = client.device(device_index)
+    parts = {"torch": torch.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+             "src": _source_hash(), "platform": d.platform, "kind": d.device_kind,
+             "devices": str(client.device_count())}
     # compiler options given through the environment change the program XLA builds
-    flags = ";".join(f"{v}={os.environ.get(v, '')}" for v in _COMPILER_ENV)
-    flags += f";cpu_kernels={cpu_kernels.available()}"  # custom calls in the programs
+    parts.update({v: os.environ.get(v, "") for v in _COMPILER_ENV})
+    parts["cpu_kernels"] = str(cpu_kernels.available())  # custom calls in the programs
     # lowerings that pick another formulation by a switch (convolutions as patches)
-    flags += f";conv_patches={_env.flag('TORCH_PJRT_CONV_PATCHES')}"
-    return (f"torch={torch.__version__};jax={jax.__version__};jaxlib={jaxlib.__version__};"
-            f"src={_source_hash()};platform={d.platform};kind={d.device_kind};"
-            f"devices={client.device_count()};{flags};")
+    parts["conv_patches"] = str(_env.flag("TORCH_PJRT_CONV_PATCHES"))
+    if d.platform == "cpu":  # XLA:CPU compiles for this processor's instruction set
+        parts["host"] = _host_cpu()
+    return parts
+
+
+def _host_cpu() -> str:
+    """The processor's architecture and a hash of its feature flags: a program compiled
+    for one x86 machine's instructions (AVX-512, say) must not run on another's."""
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                    break
+    except OSError:
+        flags = platform.processor()
+    return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+
+
+@functools.cache
+def _prefix(device_index: int) -> str:
+    return "".join(f"{k}={v};" for k, v in platform_key(device_index).items())
 
 
 def digest(key: Any, device_index: int) -> str:
@@ -105,7 +133,7 @@ def digest(key: Any, device_index: int) -> str:
 
 
 def _path(name: str) -> str:
-    return os.path.join(directory(), name[:2], name + _SUFFIX)
+    return os.path.join(directory(), name[:2], name + SUFFIX)
 
 
 @functools.cache
@@ -126,7 +154,7 @@ def load(name: str, device: int):
     if not enabled():
         return None
     path = _path(name)
-    payload = cache_files.read(path, root(), "program", "disk_cache", _MAGIC)
+    payload = cache_files.read(path, root(), "program", "disk_cache", MAGIC)
     if payload is None:
         counters.count("disk_cache_misses")
         return None
@@ -167,7 +195,7 @@ def store(name: str, compiled, side: Any = None) -> None:
     except Exception:  # noqa: BLE001 - some executables cannot be serialized: skip them
         counters.count("disk_cache_unserializable")
         return
-    if not cache_files.write(_path(name), root(), _MAGIC, payload):
+    if not cache_files.write(_path(name), root(), MAGIC, payload):
         return
     counters.count("disk_cache_writes")
     _account(len(payload))
@@ -253,7 +281,7 @@ def _entry_point(compiled):
 
 # ------------------------------------------------------------------ eviction
 def _entries() -> list[tuple[float, int, str]]:
-    return cache_files.entries(directory(), _SUFFIX)
+    return cache_files.entries(directory(), SUFFIX)
 
 
 def _account(nbytes: int) -> None:
@@ -264,6 +292,12 @@ def _account(nbytes: int) -> None:
         _total_bytes += nbytes
     if _total_bytes > max_bytes():
         evict(int(max_bytes() * 0.8))
+
+
+def forget_size() -> None:
+    """Entries were added from outside this process's writes (an import): count again."""
+    global _total_bytes
+    _total_bytes = None
 
 
 def evict(target_bytes: int) -> int:

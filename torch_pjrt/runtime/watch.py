@@ -262,12 +262,22 @@ _recompile_steps: list[int] = []
 _started = time.time()
 
 
+_step_hooks: list = []  # called after each optimizer step (precompile's stop)
+
+
+def on_step(fn) -> None:
+    """`fn()` is called at the end of every optimizer step, once it is counted."""
+    _step_hooks.append(fn)
+
+
 def stepped() -> None:
     """An optimizer step ended (what the report's steady-state verdict counts in)."""
     global _steps
     _steps += 1
     if loud and _recompile_steps and _recompile_steps[-1] == _steps - 1:
         _warn_recompiling()
+    for fn in _step_hooks:
+        fn()
 
 
 def steps() -> int:
