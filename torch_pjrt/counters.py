@@ -11,6 +11,7 @@ _HOT = ("cache_hits",)
 _counters: dict[str, int] = dict.fromkeys(_HOT, 0)
 _fallbacks: Counter = Counter()
 _compile_seconds: list[float] = [0.0]
+_seconds: dict[str, float] = {}  # durations by name (xla_compile_seconds, ...)
 
 
 def count(name: str, n: int = 1) -> None:
@@ -30,10 +31,16 @@ def add_compile_time(seconds: float) -> None:
     _compile_seconds[0] += seconds
 
 
+def add_seconds(name: str, seconds: float) -> None:
+    """Add to a duration counter (metrics() shows it under `name`, in seconds)."""
+    _seconds[name] = _seconds.get(name, 0.0) + seconds
+
+
 def metrics() -> dict[str, Any]:
     """A snapshot of every counter (see docs for their meaning)."""
     out: dict[str, Any] = {k: v for k, v in _counters.items() if v}
     out["compile_seconds"] = round(_compile_seconds[0], 6)
+    out.update({k: round(v, 6) for k, v in _seconds.items()})
     out["cpu_fallbacks"] = dict(_fallbacks)
     return out
 
@@ -52,3 +59,4 @@ def reset() -> None:
     _counters.update(dict.fromkeys(_HOT, 0))
     _fallbacks.clear()
     _compile_seconds[0] = 0.0
+    _seconds.clear()

@@ -32,8 +32,8 @@ for step in range(int(sys.argv[1])):
     opt.step()
 print("loss", loss.item())
 m = torch_pjrt.metrics()
-print("METRICS", json.dumps({k: m.get(k, 0) for k in ("disk_cache_misses", "disk_cache_hits",
-                                                     "aot_cache_hits")}))
+print("METRICS", json.dumps({k: m.get(k, 0) for k in (
+    "disk_cache_misses", "disk_cache_hits", "aot_cache_hits", "xla_compiles", "disk_loads")}))
 """.replace("import sys\n", "import json, sys\n", 1)
 
 
@@ -72,7 +72,8 @@ def test_precompiled_cache_runs_elsewhere_with_no_compiles(shipped, tmp_path):
     run = _python([str(script), "6"], tmp_path / "new")
     assert run.returncode == 0, run.stderr[-3000:]
     m = _metrics(run.stdout)
-    assert m["disk_cache_misses"] == 0 and m["disk_cache_hits"] > 0, m
+    assert m["xla_compiles"] == 0 and m["disk_cache_misses"] == 0, m
+    assert m["disk_loads"] == m["disk_cache_hits"] > 0, m
     assert m["aot_cache_hits"] == 1, m  # torch.compile's graph skipped AOTAutograd too
     fresh = _python([str(script), "6"], tmp_path / "empty")  # the same run, nothing shipped
     assert _metrics(fresh.stdout)["disk_cache_misses"] == m["disk_cache_hits"]

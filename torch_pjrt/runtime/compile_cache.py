@@ -149,8 +149,8 @@ def _prepare_custom_calls() -> None:
 
 
 def load(name: str, device: int):
-    """(executable, side info) stored under `name`, or None (missing or damaged: then
-    recompiled)."""
+    """(executable, side info, bytes on disk) stored under `name`, or None (missing or
+    damaged: then recompiled)."""
     if not enabled():
         return None
     path = _path(name)
@@ -179,26 +179,28 @@ def load(name: str, device: int):
         os.utime(path)  # most recently used
     except OSError:
         pass
-    return compiled, side
+    return compiled, side, len(payload)
 
 
-def store(name: str, compiled, side: Any = None) -> None:
+def store(name: str, compiled, side: Any = None) -> int | None:
     """Write `compiled` (and `side`, what tracing learned that the program does not say,
     e.g. which outputs are device-side check flags) under `name` atomically; evict old
-    entries past the size limit."""
+    entries past the size limit. Returns the program's size serialized (None: not
+    serialized)."""
     if not enabled() or not cache_files.writable(root()):
-        return
+        return None
     try:
         from jax.experimental.serialize_executable import serialize
 
         payload = pickle.dumps((serialize(compiled), side), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - some executables cannot be serialized: skip them
         counters.count("disk_cache_unserializable")
-        return
+        return None
     if not cache_files.write(_path(name), root(), MAGIC, payload):
-        return
+        return len(payload)
     counters.count("disk_cache_writes")
     _account(len(payload))
+    return len(payload)
 
 
 def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side=None,
@@ -214,15 +216,15 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
     lowered = None
     found = load(name, device)
     if found is not None:
-        compiled, side = found
+        compiled, side, nbytes = found
         if set_side is not None:
             set_side(side)
     else:
         lowered = jitted.lower(*args)
         compiled = lowered.compile()
-        store(name, compiled, get_side() if get_side is not None else None)
+        nbytes = store(name, compiled, get_side() if get_side is not None else None)
     source = "disk" if found is not None else "compiled"
-    program = watch.compiled(name, source, time.perf_counter() - start)
+    program = watch.compiled(name, source, time.perf_counter() - start, nbytes)
     if watch.dumping:
         dumps.write(program, compiled, lowered or jitted.lower(*args))
     if began:
