@@ -210,9 +210,12 @@ def child(key: str, candidate: str, small: bool) -> None:
 
 
 # ------------------------------------------------------------------ the parent
-def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float) -> dict:
+def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float,
+           threads: int | None = None) -> dict:
     env = dict(os.environ, TORCH_PJRT_CACHE_DIR=cache,
                TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
+    if threads:  # PyTorch's OpenMP / MKL threads (XLA's own pool is left as it is)
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env.pop("TORCH_PJRT_METRICS", None)
     if candidate == BASE:
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # plain PyTorch: pjrt not registered
@@ -233,7 +236,8 @@ def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float) ->
     return json.loads(lines[-1][len("FIRST_CALL "):])
 
 
-def run_round(works: list[Workload], small: bool, timeout: float) -> dict:
+def run_round(works: list[Workload], small: bool, timeout: float,
+              threads: int | None = None) -> dict:
     """Every workload once, its candidates back to back."""
     out = {}
     for work in works:
@@ -243,7 +247,7 @@ def run_round(works: list[Workload], small: bool, timeout: float) -> dict:
             for candidate in work.candidates():
                 cache = fused if candidate.startswith("fused") else \
                     tempfile.mkdtemp(prefix="first-call-")
-                r = _spawn(work.key, candidate, cache, small, timeout)
+                r = _spawn(work.key, candidate, cache, small, timeout, threads)
                 if cache != fused:
                     shutil.rmtree(cache, ignore_errors=True)
                 out[work.key][candidate] = r
@@ -320,6 +324,8 @@ def markdown(report: dict) -> str:
              "`compile cold` start on an empty compile cache, `fused warm` on the one "
              "`fused cold` just filled."
              + (" Small sizes (--smoke)." if report["smoke"] else "")
+             + (f" PyTorch's threads: {report['threads']} (`--threads`)."
+                if report.get("threads") else "")
              + f" Load average before the run: {report['load_before']}, after: "
              f"{report['load_after']}.", "",
              "| workload | " + " | ".join(names) + " |",
@@ -327,6 +333,15 @@ def markdown(report: dict) -> str:
     for key, by in s.items():
         lines.append(f"| {key} | " + " | ".join(_cell(by[n]) if n in by else "-"
                                                 for n in names) + " |")
+    for task in ("train", "generate"):
+        keys = [k for k in s if k.endswith("/" + task)]
+        cells = []
+        for n in names:
+            ratios = [s[k][n]["ratio"] for k in keys if n in s[k] and s[k][n]["ratio"]]
+            cells.append(f"{geomean(ratios):.2f}x ({min(ratios):.1f}-{max(ratios):.1f}x)"
+                         if ratios else "-")
+        if keys:
+            lines.append(f"| **geometric mean, {task}** (range) | " + " | ".join(cells) + " |")
     lines += ["", "Imports (seconds from the start to the end of `import torch`, "
               "`torch_pjrt`, `transformers`) and compiles of the first call "
               "(`torch_pjrt.metrics()`: programs compiled by XLA / loaded from the disk cache, "
@@ -351,6 +366,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def _load() -> str:
     return "{:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
@@ -363,15 +382,36 @@ def main() -> None:
     p.add_argument("--tasks", default="train,generate,batch")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    # On a loaded machine PyTorch's OpenMP threads wait for each other at every op: HF
+    # Llama's first CPU generate took 18.9 s with 2 threads, 0.8 s with 1 (December 5,
+    # load average 16 on 2 cores), which would flatter every ratio to native.
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS / MKL_NUM_THREADS for every process (default: "
+                        "PyTorch's own choice); 1 on a loaded machine")
     p.add_argument("--smoke", action="store_true",
                    help="small sizes, two workloads, results checked, nothing written (CI)")
     p.add_argument("--print-only", action="store_true",
                    help="print the tables without writing docs/benchmarks.md and bench/results")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: the tables again from bench/results/first-call.json "
+                        "(first-call-threadsN.json with --threads N)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--candidate", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args.child, args.candidate, args.smoke)
+    sys.path.insert(0, HERE)
+    from common import ROOT, environment, write_report
+
+    name = "first-call" + (f"-threads{args.threads}" if args.threads else "")
+    if args.report_only:
+        with open(os.path.join(ROOT, "bench", "results", f"{name}.json")) as f:
+            report = json.load(f)
+        text = markdown(report)
+        print(text)
+        if not args.print_only:
+            write_report(name, report, text)
+        return
     works = workloads()
     tasks = args.tasks.split(",")
     works = [w for w in works if w.task in tasks
@@ -380,12 +420,12 @@ def main() -> None:
         works = [w for w in works if w.key in SMOKE]
     load_before = _load()
     start = time.time()
-    rounds = [run_round(works, args.smoke, args.timeout) for _ in range(args.rounds)]
+    rounds = [run_round(works, args.smoke, args.timeout, args.threads)
+              for _ in range(args.rounds)]
     bad = check(rounds)
-    sys.path.insert(0, HERE)
-    from common import environment, write_report
 
     report = {"environment": environment(), "rounds": args.rounds, "smoke": args.smoke,
+              "threads": args.threads,
               "load_before": load_before, "load_after": _load(),
               "seconds": time.time() - start,
               "workloads": [{"key": w.key, "about": w.about} for w in works],
@@ -396,7 +436,7 @@ def main() -> None:
         sys.exit("first_call: results differ from native CPU eager's, or runs failed:\n"
                  + "\n".join(bad))
     if not (args.smoke or args.print_only):
-        write_report("first-call", report, text)
+        write_report(name, report, text)
 
 
 if __name__ == "__main__":
