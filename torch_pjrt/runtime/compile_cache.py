@@ -2,9 +2,11 @@
 
 Each program (one op in strict mode, one graph in fused mode, one graph under
 torch.compile) has a digest of its cache key plus everything else that shapes
-the program: the torch, jax and torch-pjrt versions (torch-pjrt by a hash of its
-sources), the platform and device kind. A warm process deserializes the
-executable instead of tracing, lowering and compiling it.
+the program (platform_key()): the torch, jax and torch-pjrt versions (torch-pjrt by
+a hash of its sources), the platform, device kind and count, the compiler's flags and,
+on the CPU, the processor's instruction set. A warm process deserializes the
+executable instead of tracing, lowering and compiling it; a cache packed by
+runtime/cache_bundle.py carries the same key to other machines.
 
 Entries are written to a temporary file and renamed into place, so readers in
 other processes never see a partial entry; a damaged entry (unreadable, bad magic,
