@@ -11,9 +11,8 @@ from typing import Any
 _HOT = ("cache_hits",)
 _counters: dict[str, int] = dict.fromkeys(_HOT, 0)
 _fallbacks: Counter = Counter()
-_compile_seconds: list[float] = [0.0, 0.0]  # the user waited for; in the background
-
-
+_compile_seconds: list[float] = [0.0]
+_seconds: dict[str, float] = {}  # durations by name (xla_compile_seconds, ...)
 _lock = threading.Lock()  # compile threads count too (runtime/compile_pool.py)
 
 
@@ -36,18 +35,17 @@ def add_compile_time(seconds: float) -> None:
         _compile_seconds[0] += seconds
 
 
-def add_background_compile_time(seconds: float) -> None:
-    """Seconds a compile thread spent on programs nobody waited for (eager/tiers.py)."""
+def add_seconds(name: str, seconds: float) -> None:
+    """Add to a duration counter (metrics() shows it under `name`, in seconds)."""
     with _lock:
-        _compile_seconds[1] += seconds
+        _seconds[name] = _seconds.get(name, 0.0) + seconds
 
 
 def metrics() -> dict[str, Any]:
     """A snapshot of every counter (see docs for their meaning)."""
     out: dict[str, Any] = {k: v for k, v in _counters.items() if v}
     out["compile_seconds"] = round(_compile_seconds[0], 6)
-    if _compile_seconds[1]:
-        out["background_compile_seconds"] = round(_compile_seconds[1], 6)
+    out.update({k: round(v, 6) for k, v in _seconds.items()})
     out["cpu_fallbacks"] = dict(_fallbacks)
     return out
 
@@ -65,4 +63,5 @@ def reset() -> None:
     _counters.clear()
     _counters.update(dict.fromkeys(_HOT, 0))
     _fallbacks.clear()
-    _compile_seconds[0] = _compile_seconds[1] = 0.0
+    _compile_seconds[0] = 0.0
+    _seconds.clear()

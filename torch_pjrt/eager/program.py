@@ -9,7 +9,7 @@ import warnings
 import jax
 
 from .. import counters, logs
-from ..runtime import client, compile_cache, compile_pool, cpu_kernels
+from ..runtime import client, compile_cache, compile_pool, cpu_kernels, watch
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -19,7 +19,7 @@ class Program:
     state of its compile (on disk, in the background, failed)."""
 
     __slots__ = ("jitted", "compiled", "name", "flag_nodes", "entries", "device", "job",
-                 "failed", "looked", "needs", "ops")
+                 "failed", "looked", "needs", "ops", "asked_at")
 
     def __init__(self, jitted, name: str, entries: list, device: int):
         self.jitted = jitted
@@ -33,6 +33,7 @@ class Program:
         self.looked = False  # the disk cache was asked for it
         self.needs = 0  # runs it was wanted for before it was compiled
         self.ops = len(entries)
+        self.asked_at = None  # the user's line when its background compile was asked for
 
     def __call__(self, *args):
         if self.compiled is None:
@@ -71,6 +72,7 @@ class Program:
             return compile_cache.obtain(self.jitted, avals, self.name, self.device,
                                         get_side=self._side)
 
+        self.asked_at = watch.site()
         self.job = compile_pool.Job(work, self._done, self.name)
         compile_pool.submit(self.job)
 
@@ -85,7 +87,8 @@ class Program:
                                   "keep running one by one: %r", self.name[:12], self.ops,
                                   error)
             return
-        self.compiled = compile_cache.finish(built, self.name, self._restore, self._drop)
+        with watch.background(self.asked_at):  # (counted as a compile nobody waited for)
+            self.compiled = compile_cache.finish(built, self.name, self._restore, self._drop)
         counters.count("compiles")
 
     def _drop(self) -> None:

@@ -2,9 +2,11 @@
 
 Each program (one op in strict mode, one graph in fused mode, one graph under
 torch.compile) has a digest of its cache key plus everything else that shapes
-the program: the torch, jax and torch-pjrt versions (torch-pjrt by a hash of its
-sources), the platform and device kind. A warm process deserializes the
-executable instead of tracing, lowering and compiling it.
+the program (platform_key()): the torch, jax and torch-pjrt versions (torch-pjrt by
+a hash of its sources), the platform, device kind and count, the compiler's flags and,
+on the CPU, the processor's instruction set. A warm process deserializes the
+executable instead of tracing, lowering and compiling it; a cache packed by
+runtime/cache_bundle.py carries the same key to other machines.
 
 Entries are written to a temporary file and renamed into place, so readers in
 other processes never see a partial entry; a damaged entry (unreadable, bad magic,
@@ -27,8 +29,8 @@ from typing import Any
 from .. import _env, counters
 from . import cache_files, device_trace, dumps, watch
 
-_MAGIC = b"TPJRTXC1"
-_SUFFIX = ".xc"
+MAGIC = b"TPJRTXC1"
+SUFFIX = ".xc"
 
 _total_bytes: int | None = None  # this process's running estimate of the cache size
 
@@ -79,7 +81,10 @@ _COMPILER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "NEURON_CC_FLAGS")
 
 
 @functools.cache
-def _prefix(device_index: int) -> str:
+def platform_key(device_index: int = 0) -> dict[str, str]:
+    """Everything besides a program's own code that decides whether a stored program may
+    run here: versions, torch-pjrt's sources, the device, the compiler's flags. Part of
+    every entry's digest, and the key a shipped cache carries (runtime/cache_bundle.py)."""
     import jax
     import jaxlib
     import torch
@@ -87,14 +92,39 @@ def _prefix(device_index: int) -> str:
     from . import client, cpu_kernels
 
     d = client.device(device_index)
+    parts = {"torch": torch.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+             "src": _source_hash(), "platform": d.platform, "kind": d.device_kind,
+             "devices": str(client.device_count())}
     # compiler options given through the environment change the program XLA builds
-    flags = ";".join(f"{v}={os.environ.get(v, '')}" for v in _COMPILER_ENV)
-    flags += f";cpu_kernels={cpu_kernels.available()}"  # custom calls in the programs
+    parts.update({v: os.environ.get(v, "") for v in _COMPILER_ENV})
+    parts["cpu_kernels"] = str(cpu_kernels.available())  # custom calls in the programs
     # lowerings that pick another formulation by a switch (convolutions as patches)
-    flags += f";conv_patches={_env.flag('TORCH_PJRT_CONV_PATCHES')}"
-    return (f"torch={torch.__version__};jax={jax.__version__};jaxlib={jaxlib.__version__};"
-            f"src={_source_hash()};platform={d.platform};kind={d.device_kind};"
-            f"devices={client.device_count()};{flags};")
+    parts["conv_patches"] = str(_env.flag("TORCH_PJRT_CONV_PATCHES"))
+    if d.platform == "cpu":  # XLA:CPU compiles for this processor's instruction set
+        parts["host"] = _host_cpu()
+    return parts
+
+
+def _host_cpu() -> str:
+    """The processor's architecture and a hash of its feature flags: a program compiled
+    for one x86 machine's instructions (AVX-512, say) must not run on another's."""
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                    break
+    except OSError:
+        flags = platform.processor()
+    return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+
+
+@functools.cache
+def _prefix(device_index: int) -> str:
+    return "".join(f"{k}={v};" for k, v in platform_key(device_index).items())
 
 
 def digest(key: Any, device_index: int) -> str:
@@ -118,7 +148,7 @@ def quick_options() -> dict:
 
 
 def _path(name: str) -> str:
-    return os.path.join(directory(), name[:2], name + _SUFFIX)
+    return os.path.join(directory(), name[:2], name + SUFFIX)
 
 
 @functools.cache
@@ -134,12 +164,12 @@ def _prepare_custom_calls() -> None:
 
 
 def load(name: str, device: int):
-    """(executable, side info) stored under `name`, or None (missing or damaged: then
-    recompiled)."""
+    """(executable, side info, bytes on disk) stored under `name`, or None (missing or
+    damaged: then recompiled)."""
     if not enabled():
         return None
     path = _path(name)
-    payload = cache_files.read(path, root(), "program", "disk_cache", _MAGIC)
+    payload = cache_files.read(path, root(), "program", "disk_cache", MAGIC)
     if payload is None:
         counters.count("disk_cache_misses")
         return None
@@ -164,26 +194,28 @@ def load(name: str, device: int):
         os.utime(path)  # most recently used
     except OSError:
         pass
-    return compiled, side
+    return compiled, side, len(payload)
 
 
-def store(name: str, compiled, side: Any = None) -> None:
+def store(name: str, compiled, side: Any = None) -> int | None:
     """Write `compiled` (and `side`, what tracing learned that the program does not say,
     e.g. which outputs are device-side check flags) under `name` atomically; evict old
-    entries past the size limit."""
+    entries past the size limit. Returns the program's size serialized (None: not
+    serialized)."""
     if not enabled() or not cache_files.writable(root()):
-        return
+        return None
     try:
         from jax.experimental.serialize_executable import serialize
 
         payload = pickle.dumps((serialize(compiled), side), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - some executables cannot be serialized: skip them
         counters.count("disk_cache_unserializable")
-        return
-    if not cache_files.write(_path(name), root(), _MAGIC, payload):
-        return
+        return None
+    if not cache_files.write(_path(name), root(), MAGIC, payload):
+        return len(payload)
     counters.count("disk_cache_writes")
     _account(len(payload))
+    return len(payload)
 
 
 def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side=None,
@@ -200,10 +232,11 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
 class Built:
     """A program obtain() loaded or compiled, for finish() to take into use."""
 
-    __slots__ = ("compiled", "side", "source", "seconds", "lowered", "began", "jitted", "args")
+    __slots__ = ("compiled", "side", "source", "seconds", "lowered", "began", "jitted", "args",
+                 "nbytes")
 
     def __init__(self, compiled, side, source: str, seconds: float, lowered, began: int,
-                 jitted, args: tuple):
+                 jitted, args: tuple, nbytes: int | None):
         self.compiled = compiled
         self.side = side
         self.source = source  # "disk" or "compiled"
@@ -212,6 +245,7 @@ class Built:
         self.began = began
         self.jitted = jitted
         self.args = args
+        self.nbytes = nbytes  # its size serialized (None: not serialized)
 
 
 def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
@@ -225,15 +259,15 @@ def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
     found = load(name, device)
     if found is not None:
         return Built(found[0], found[1], "disk", time.perf_counter() - start, None, began,
-                     jitted, args)
+                     jitted, args, found[2])
     if not build:
         return None
     lowered = jitted.lower(*args)
     compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     side = get_side() if get_side is not None else None
-    store(name, compiled, side)
+    nbytes = store(name, compiled, side)
     return Built(compiled, side, "compiled", time.perf_counter() - start, lowered, began,
-                 jitted, args)
+                 jitted, args, nbytes)
 
 
 def finish(built: Built, name: str, set_side=None, drop: Callable[[], None] | None = None):
@@ -241,7 +275,7 @@ def finish(built: Built, name: str, set_side=None, drop: Callable[[], None] | No
     restored (from disk), noted for the metrics, dumps and profiles; its entry point."""
     if built.source == "disk" and set_side is not None:
         set_side(built.side)
-    program = watch.compiled(name, built.source, built.seconds)
+    program = watch.compiled(name, built.source, built.seconds, built.nbytes)
     if watch.dumping:
         dumps.write(program, built.compiled, built.lowered or built.jitted.lower(*built.args))
     if built.began:
@@ -300,7 +334,7 @@ def _entry_point(compiled):
 
 # ------------------------------------------------------------------ eviction
 def _entries() -> list[tuple[float, int, str]]:
-    return cache_files.entries(directory(), _SUFFIX)
+    return cache_files.entries(directory(), SUFFIX)
 
 
 def _account(nbytes: int) -> None:
@@ -311,6 +345,12 @@ def _account(nbytes: int) -> None:
         _total_bytes += nbytes
     if _total_bytes > max_bytes():
         evict(int(max_bytes() * 0.8))
+
+
+def forget_size() -> None:
+    """Entries were added from outside this process's writes (an import): count again."""
+    global _total_bytes
+    _total_bytes = None
 
 
 def evict(target_bytes: int) -> int:

@@ -129,8 +129,6 @@ def poll() -> int:
         jobs = list(_finished)
         _finished.clear()
     for job in jobs:
-        counters.count("background_compiles")
-        counters.add_background_compile_time(job.seconds)
         job.done(job.result, job.error)
     return len(jobs)
 
