@@ -22,6 +22,7 @@ import functools
 import hashlib
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -337,14 +338,18 @@ def _entries() -> list[tuple[float, int, str]]:
     return cache_files.entries(directory(), SUFFIX)
 
 
+_size_lock = threading.Lock()  # programs are stored from compile threads too
+
+
 def _account(nbytes: int) -> None:
     global _total_bytes
-    if _total_bytes is None:
-        _total_bytes = sum(size for _, size, _ in _entries())
-    else:
-        _total_bytes += nbytes
-    if _total_bytes > max_bytes():
-        evict(int(max_bytes() * 0.8))
+    with _size_lock:
+        if _total_bytes is None:
+            _total_bytes = sum(size for _, size, _ in _entries())
+        else:
+            _total_bytes += nbytes
+        if _total_bytes > max_bytes():
+            evict(int(max_bytes() * 0.8))
 
 
 def forget_size() -> None:
