@@ -231,6 +231,7 @@ def _flush(reason: str) -> None:
     _device = None
     counters.count("flushes")
     counters.count(f"flushes.{reason}")
+    tiers.epoch += 1
     began = device_trace.now() if watch.profiling else 0
     try:
         _run_graph(nodes, records, superseded, device)

@@ -19,7 +19,7 @@ class Program:
     state of its compile (on disk, in the background, failed)."""
 
     __slots__ = ("jitted", "compiled", "name", "flag_nodes", "entries", "device", "job",
-                 "failed", "looked", "needs", "ops", "asked_at")
+                 "failed", "looked", "needs", "wanted", "ops", "asked_at")
 
     def __init__(self, jitted, name: str, entries: list, device: int):
         self.jitted = jitted
@@ -31,7 +31,8 @@ class Program:
         self.job: compile_pool.Job | None = None  # its compile on a compile thread
         self.failed: Exception | None = None  # that compile's error
         self.looked = False  # the disk cache was asked for it
-        self.needs = 0  # runs it was wanted for before it was compiled
+        self.needs = 0  # flushes that wanted it before it was compiled
+        self.wanted = -1  # the last of them (tiers.epoch)
         self.ops = len(entries)
         self.asked_at = None  # the user's line when its background compile was asked for
 

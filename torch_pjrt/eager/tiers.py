@@ -24,13 +24,20 @@ if TYPE_CHECKING:
 
 enabled = True  # TORCH_PJRT_TIERED, set by configure()
 
-# What the choice weighs, in seconds (XLA:CPU on the 2-core development machine,
-# docs/compile-cost.md): compiling one op's own program, launching it, and compiling a
-# fused program (a fixed part and a part per op).
-OP_COMPILE = 0.05
+# What the choice weighs, in seconds of one core (XLA:CPU on the 2-core development
+# machine, docs/compile-cost.md): tracing and lowering one op's own program, compiling it
+# quickly (compile_cache.quick_options), launching it; compiling a fused program (a fixed
+# part and a part per op). An op's program serves every later graph that has the op, a
+# graph's program only that graph: running op by op is chosen unless it costs more than
+# PREFER_OPS times the fused compile.
+OP_LOWER = 0.016
+OP_COMPILE = 0.023
 OP_LAUNCH = 0.0001
-GRAPH_COMPILE = 0.2
-NODE_COMPILE = 0.01
+GRAPH_COMPILE = 0.05
+NODE_COMPILE = 0.0095
+PREFER_OPS = 2.0
+
+epoch = 0  # flushes so far (graph.py counts): a program is wanted at most once per flush
 
 
 def configure() -> None:
@@ -65,22 +72,25 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
         return True
     if prog.failed is not None:
         return False
-    prog.needs += 1
+    if prog.wanted != epoch:
+        prog.wanted = epoch
+        prog.needs += 1
     if not _ops_cheaper(piece):
         prog.compile_now(fused_args)
         return True
-    if prog.needs >= 2:  # it recurs: worth its compile, which nobody waits for
-        prog.compile_in_background(fused_args)
+    if prog.needs >= 2:  # wanted by a second flush: it recurs, worth a compile nobody
+        prog.compile_in_background(fused_args)  # waits for
     return False
 
 
 def _ops_cheaper(piece: Piece) -> bool:
-    """Whether compiling the ops' missing programs (on every core) and launching them one
-    by one costs less than compiling the fused program."""
+    """Whether compiling the ops' missing programs (side by side on every core: their
+    tracing takes turns) and launching them one by one costs less than PREFER_OPS times
+    compiling the fused program."""
     missing = len({id(w[0]) for w in piece.wiring if _launcher(w[0]).compiled is None})
     ops = len(piece.wiring)
-    by_ops = missing * OP_COMPILE / compile_pool.threads() + ops * OP_LAUNCH
-    return by_ops < GRAPH_COMPILE + ops * NODE_COMPILE
+    by_ops = missing * (OP_LOWER + OP_COMPILE / compile_pool.threads()) + ops * OP_LAUNCH
+    return by_ops < PREFER_OPS * (GRAPH_COMPILE + ops * NODE_COMPILE)
 
 
 def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:
