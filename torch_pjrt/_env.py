@@ -53,6 +53,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "of it (a decode or training loop with no sync inside) is cut where the step "
            "repeats, so that the step compiles once; 0: one program per graph "
            "(docs/compile-cost.md)."),
+    EnvVar("TORCH_PJRT_QUICK_OPS", "1", "Fused eager on the cpu platform: 1: ops of a graph "
+           "run one by one (TORCH_PJRT_TIERED) that have no program yet get one compiled "
+           "quickly (LLVM unoptimized: 40% of the compile time; its results may differ from "
+           "the optimized program's by an ulp); 0: the optimized program strict mode runs."),
     EnvVar("TORCH_PJRT_COMPILE_THREADS", "", "Programs compiled at once (op programs a "
            "flush needs, side by side; fused programs in the background on one fewer); "
            "empty: one per core."),

@@ -140,10 +140,11 @@ def quick_options() -> dict:
     """XLA options for programs compiled to run soon rather than fast (eager/tiers.py's op
     programs while a fused program compiles): on XLA:CPU, LLVM without optimization and
     the older loop emitters compile an op's program in 40% of the time (measured:
-    docs/compile-cost.md); {} elsewhere (not measured there)."""
+    docs/compile-cost.md); {} elsewhere (not measured there) and with
+    TORCH_PJRT_QUICK_OPS=0. Read once per process."""
     from . import client
 
-    if client.platform() != "cpu":
+    if client.platform() != "cpu" or not _env.flag("TORCH_PJRT_QUICK_OPS"):
         return {}
     return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
