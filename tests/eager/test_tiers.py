@@ -228,3 +228,31 @@ def test_the_cut_goes_where_the_fewest_values_cross():
     cuts = loops.cuts(tuple(wiring), [(len(wiring) - 1, 0)])
     assert cuts[0] == len(prefix) and all(b - a == 8 for a, b in zip(cuts, cuts[1:]))
     assert len(cuts) >= 11
+
+
+def test_the_settings_and_their_defaults(monkeypatch):
+    from torch_pjrt.runtime import compile_cache, compile_pool
+
+    for name in ("TORCH_PJRT_TIERED", "TORCH_PJRT_FUSED_LOOPS", "TORCH_PJRT_QUICK_OPS",
+                 "TORCH_PJRT_COMPILE_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    tiers.configure()
+    loops.configure()
+    assert tiers.enabled and loops.enabled
+    assert compile_cache.quick_options.__wrapped__() == {
+        "xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    assert compile_pool.threads() >= 1
+    monkeypatch.setenv("TORCH_PJRT_TIERED", "0")
+    monkeypatch.setenv("TORCH_PJRT_FUSED_LOOPS", "0")
+    monkeypatch.setenv("TORCH_PJRT_QUICK_OPS", "0")
+    monkeypatch.setenv("TORCH_PJRT_COMPILE_THREADS", "3")
+    tiers.configure()
+    loops.configure()
+    try:
+        assert not tiers.enabled and not loops.enabled
+        assert compile_cache.quick_options.__wrapped__() == {}
+        assert compile_pool.threads() == 3
+    finally:
+        monkeypatch.undo()
+        tiers.configure()
+        loops.configure()
