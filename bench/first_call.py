@@ -325,7 +325,11 @@ def markdown(report: dict) -> str:
              "`fused cold` just filled."
              + (" Small sizes (--smoke)." if report["smoke"] else "")
              + (f" PyTorch's threads: {report['threads']} (`--threads`)."
-                if report.get("threads") else "")
+                if report.get("threads") else " PyTorch's threads: its default (on a "
+                "loaded machine its OpenMP threads wait for each other at every op, which "
+                "slows native CPU eager most: HF Llama's first CPU generate took 18.9 s "
+                "with 2 threads and 0.8 s with 1 at load average 16; `--threads 1` "
+                "compares without that).")
              + f" Load average before the run: {report['load_before']}, after: "
              f"{report['load_after']}.", "",
              "| workload | " + " | ".join(names) + " |",
