@@ -22,7 +22,7 @@ LAYERS = [
     ("eager",),
     ("amp", "compile", "distributed", "kernels", "optim_step"),
     ("", "_autoload", "__main__", "cli", "conformance", "conformance_errors",
-     "conformance_known_failures", "demo", "profiler", "report"),
+     "conformance_known_failures", "demo", "precompile", "profiler", "report"),
     ("integrations",),  # glue for other libraries (Lightning...): imported by users only
 ]
 

@@ -6,12 +6,13 @@ import torch
 import torch.nn as nn
 
 import torch_pjrt
-from torch_pjrt.eager import graph
+from torch_pjrt.eager import tiers
 from torch_pjrt.runtime import compile_cache
 
 
 def _programs(monkeypatch) -> list:
-    """The (jitted, args) of every fused graph compiled from now on."""
+    """The (jitted, args) of every fused graph compiled from now on (each graph compiled
+    at its flush: no op-by-op runs before it, eager/tiers.py)."""
     seen = []
     real = compile_cache.compile
 
@@ -19,7 +20,8 @@ def _programs(monkeypatch) -> list:
         seen.append((jitted, args))
         return real(jitted, args, *rest, **kw)
 
-    monkeypatch.setattr(graph.compile_cache, "compile", compile)
+    monkeypatch.setattr(compile_cache, "compile", compile)
+    monkeypatch.setattr(tiers, "enabled", False)
     return seen
 
 
