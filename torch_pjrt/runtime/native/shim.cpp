@@ -5,6 +5,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/core/Generator.h>
@@ -134,8 +135,10 @@ PjrtAllocator allocator;
 // ------------------------------------------------------------ pinned memory
 // Host memory PyTorch asks for as "pinned" (pin_memory(), DataLoader(pin_memory=True),
 // DDP's reducer, which checks it got some): PJRT copies from any host memory, so this
-// is the CPU allocator's memory, remembered so that is_pinned() says yes.
-struct PinnedAllocator final : c10::Allocator {
+// is the CPU allocator's memory, remembered so that is_pinned() says yes. It is also the
+// device's host allocator (torch.accelerator.empty_host_cache(), which vLLM calls at
+// shutdown, dereferenced a missing one): it caches nothing, so there is nothing to empty.
+struct PinnedAllocator final : at::HostAllocator {
   std::mutex mu;
   std::map<uintptr_t, size_t> blocks;  // start -> size
 
@@ -155,6 +158,12 @@ struct PinnedAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
 
   bool contains(const void* ptr) {
     auto p = reinterpret_cast<uintptr_t>(ptr);
@@ -393,6 +402,7 @@ void install(py::object count_fn, py::object free_fn, py::object sync_fn) {
   c10::SetAllocator(kPjrt, &allocator, /*priority=*/100);
   c10::impl::registerDeviceGuard(kPjrt, &guard);
   at::RegisterPrivateUse1HooksInterface(&hooks);
+  at::setHostAllocator(kPjrt, &pinned);
   static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
                                         c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   lib->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
