@@ -34,9 +34,12 @@ class DeviceRows:
         return self.rows
 
     def __getitem__(self, index: Any) -> DeviceRows:
-        if isinstance(index, slice):
+        if isinstance(index, slice):  # a view: no operation (vLLM slices every step)
             start, stop, step = index.indices(self.rows)
-            index = np.arange(start, stop, step)
+            if (start, step) == (0, 1):
+                return DeviceRows(self.tensor, stop, self.max_num_seqs)
+            view = self.tensor[start:stop:step]
+            return DeviceRows(view, view.shape[0], self.max_num_seqs)
         index = torch.as_tensor(np.asarray(index) if not isinstance(index, torch.Tensor)
                                 else index, device="cpu").to(torch.int32).reshape(-1)
         size = request_bucket(self.tensor.shape[0], self.max_num_seqs)
