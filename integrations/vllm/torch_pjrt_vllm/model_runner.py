@@ -65,6 +65,17 @@ class PjrtModelRunner(CPUModelRunner):
     the token bucket and moved to the device, hidden states and logits computed there, the
     logits read back once per step (the sampler's input: the one host sync)."""
 
+    def __init__(self, vllm_config, device: torch.device) -> None:
+        super().__init__(vllm_config, device)
+        from vllm.platforms import CpuArchEnum
+        from vllm.platforms.cpu import CpuPlatform
+
+        # the sampler runs on host tensors: the CPU platform's sampling, so that a seed
+        # draws the tokens it draws on vLLM's CPU platform
+        sampler = self.sampler.topk_topp_sampler
+        if CpuPlatform.get_cpu_architecture() not in (CpuArchEnum.RISCV, CpuArchEnum.POWERPC):
+            sampler.forward = sampler.forward_cpu
+
     def load_model(self, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights)
         model = self.model
