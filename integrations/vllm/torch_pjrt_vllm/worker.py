@@ -12,6 +12,7 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
 
+from . import moe  # noqa: F401 - registers the MoE layers of pjrt
 from .buckets import token_buckets
 from .model_runner import PjrtModelRunner
 
