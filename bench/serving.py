@@ -163,7 +163,7 @@ def bench_transformers(model: Path, rounds: int, output_len: int) -> dict:
             begin = time.perf_counter()
             for _ in range(rounds):
                 sent = {}
-                for i, prompt in enumerate(ids):
+                for prompt in ids:
                     rid = manager.add_request(prompt, max_new_tokens=output_len, streaming=True)
                     sent[rid] = time.perf_counter()
                 pending = dict(sent)

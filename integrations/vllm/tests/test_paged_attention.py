@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from torch_pjrt_vllm import paged_attention  # noqa: F401 - registers the operators
 
 import torch_pjrt
-from torch_pjrt_vllm import paged_attention  # noqa: F401 - registers the operators
 
 BLOCK, BLOCKS, KV_HEADS, HEADS, D = 4, 16, 2, 4, 8
 
@@ -27,7 +27,8 @@ def _case(seed=0):
             row += 1
     key = torch.randn(16, KV_HEADS, D, generator=g)
     value = torch.randn(16, KV_HEADS, D, generator=g)
-    return cache, key, value, slots, query, block_table, qsl, torch.tensor(seq_lens, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return cache, key, value, slots, query, block_table, qsl, lens
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused", "compile"])

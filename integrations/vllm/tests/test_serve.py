@@ -45,7 +45,8 @@ def server(tmp_path_factory):
          "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
          "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "16",
          "--max-num-batched-tokens", "128", "--kv-cache-memory-bytes", str(32 << 20),
-         "--seed", "0"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+         "--seed", "0"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:

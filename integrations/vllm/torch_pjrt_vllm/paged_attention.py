@@ -1,4 +1,4 @@
-"""The paged KV cache's two operators, a PyTorch body each (CPU, the reference) and a JAX kernel (pjrt).
+"""The paged KV cache's two operators: a PyTorch body each (CPU, the reference), a JAX kernel.
 
 Layout of one layer's cache: `[num_blocks, block_size, 2, num_kv_heads, head_size]`
 (slot `s` is block `s // block_size`, row `s % block_size`; index 0 of the third axis the
