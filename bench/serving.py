@@ -61,7 +61,7 @@ class Server:
              "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "m",
              "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "16",
              "--max-num-batched-tokens", "256", "--kv-cache-memory-bytes", str(64 << 20),
-             "--seed", "0", "--disable-log-requests"],
+             "--seed", "0"],
             env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         while True:
             if self.proc.poll() is not None:

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_models  # noqa: E402
 
 MAX_TOKENS = 16
-BATCHED_TOKENS = 128  # the long prompt (about 330 tokens) is prefilled in three chunks
+BATCHED_TOKENS = 128  # the long prompt (296 tokens) is prefilled in three chunks
 LONG_PROMPT = " ".join(f"item {i} is {i * 7 % 13}," for i in range(30))
 SHARED_PREFIX = "In the beginning the system said: " + "all tokens are equal here; " * 6
 
