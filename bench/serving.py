@@ -135,10 +135,11 @@ def bench_vllm(model: Path, platform: str, cache_dir: str, log: Path, rounds: in
 
 
 def _pjrt_compiles(log: Path) -> dict:
-    """The worker's warm-up line, and the programs pjrt obtained after it (none expected)."""
+    """The worker's warm-up line, and the programs pjrt obtained once the server was up
+    (none expected)."""
     text = log.read_text()
     m = re.search(r"pjrt warm-up: (\d+) token buckets, (\d+) compiles, ([0-9.]+) s", text)
-    after = text[m.end():] if m else ""
+    after = text.split("Application startup complete", 1)[-1]
     programs = re.findall(r"torch_pjrt: (compiled|loaded from the disk cache)", after)
     return {"warmup_buckets": int(m.group(1)) if m else None,
             "warmup_compiles": int(m.group(2)) if m else None,

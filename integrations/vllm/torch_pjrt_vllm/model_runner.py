@@ -15,7 +15,7 @@ from vllm.v1.worker.utils import bind_kv_cache
 from .attention import DEVICE, PjrtAttentionBackend
 from .buckets import request_bucket, token_bucket
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures its handlers
 
 
 class DeviceRows:

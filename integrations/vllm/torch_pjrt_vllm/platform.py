@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,7 +12,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures its handlers
 
 # the model and its KV cache on pjrt, the step's bookkeeping and sampling on the host CPU
 # with vLLM's CPU runner: the host kernels it calls are the CPU platform's
@@ -126,4 +125,3 @@ class PjrtPlatform(Platform):
         model_config = vllm_config.model_config
         if model_config is not None and model_config.use_mla:
             raise NotImplementedError("pjrt: MLA models are not supported")
-        os.environ.setdefault("VLLM_DISABLE_SHARED_EXPERTS_STREAM", "1")

@@ -16,7 +16,7 @@ from . import moe  # noqa: F401 - registers the MoE layers of pjrt
 from .buckets import token_buckets
 from .model_runner import PjrtModelRunner
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures its handlers
 
 
 class PjrtWorker(Worker):
