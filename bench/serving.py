@@ -112,6 +112,7 @@ async def _load(url: str, concurrency: int, rounds: int, output_len: int) -> dic
     start = time.perf_counter()
     done = await asyncio.gather(*(user(i) for i in range(concurrency)))
     wall = time.perf_counter() - start
+    await client.close()
     results = [r for rs in done for r in rs]
     ttft = [r[0] for r in results]
     return {"tokens_per_s": sum(r[1] for r in results) / wall,
@@ -138,10 +139,10 @@ def _pjrt_compiles(log: Path) -> dict:
     """The worker's warm-up line, and the programs pjrt obtained once the server was up
     (none expected)."""
     text = log.read_text()
-    m = re.search(r"pjrt warm-up: (\d+) token buckets, (\d+) compiles, ([0-9.]+) s", text)
+    m = re.search(r"pjrt warm-up: (\d+) step shapes, (\d+) compiles, ([0-9.]+) s", text)
     after = text.split("Application startup complete", 1)[-1]
     programs = re.findall(r"torch_pjrt: (compiled|loaded from the disk cache)", after)
-    return {"warmup_buckets": int(m.group(1)) if m else None,
+    return {"warmup_step_shapes": int(m.group(1)) if m else None,
             "warmup_compiles": int(m.group(2)) if m else None,
             "warmup_s": float(m.group(3)) if m else None,
             "programs_after_warmup": len(programs)}
@@ -158,10 +159,18 @@ def bench_transformers(model: Path, rounds: int, output_len: int) -> dict:
     lm = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     config = transformers.GenerationConfig(max_new_tokens=output_len, do_sample=False,
                                            eos_token_id=-1, pad_token_id=tok.pad_token_id)
-    manager = lm.init_continuous_batching(generation_config=config)
+    # its own sizing takes a share of the host's memory: the same 64 MiB-class cache as vLLM's
+    cb = transformers.ContinuousBatchingConfig(num_blocks=256, page_size=32,
+                                               max_batch_tokens=256, max_requests_per_batch=16,
+                                               cpu_offload_space=0)
+    manager = lm.init_continuous_batching(generation_config=config,
+                                          continuous_batching_config=cb)
     manager.start()
     out = {"startup_s": time.perf_counter() - start}
     try:
+        manager.add_request(tok(PROMPTS[0]).input_ids, max_new_tokens=4)  # a first request
+        while (first := manager.get_result(timeout=60)) is None or not first.is_finished():
+            pass
         for c in CONCURRENCY:
             ids = [tok(PROMPTS[i % len(PROMPTS)]).input_ids for i in range(c)]
             ttft, tokens = [], 0
@@ -230,17 +239,21 @@ def main() -> None:
     results["pjrt_cold"] = bench_vllm(model, "pjrt", cache, work / "pjrt-cold.log", 1,
                                       args.output_len)
     cands = results["candidates"]
+    save = lambda: Path(args.out).write_text(json.dumps(results, indent=1))  # noqa: E731
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    save()
     cands["vllm-pjrt"] = bench_vllm(model, "pjrt", cache, work / "pjrt.log", args.rounds,
                                     args.output_len)
+    save()
     cands["vllm-cpu"] = bench_vllm(model, "cpu", cache, work / "cpu.log", args.rounds,
                                    args.output_len)
+    save()
     cands["transformers-cb-cpu"] = bench_transformers(model, args.rounds, args.output_len)
     results["load_average_end"] = os.getloadavg()[0]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    save()
     print(table(results))
     p = cands["vllm-pjrt"]
-    print(f"\npjrt warm-up: {p['warmup_buckets']} token buckets, {p['warmup_compiles']} "
+    print(f"\npjrt warm-up: {p['warmup_step_shapes']} step shapes, {p['warmup_compiles']} "
           f"compiles, {p['warmup_s']:.1f} s; programs obtained after it: "
           f"{p['programs_after_warmup']} (cold run: {results['pjrt_cold']['warmup_compiles']}"
           f" compiles, {results['pjrt_cold']['warmup_s']:.1f} s)")

@@ -39,7 +39,10 @@ def run(model: str, smoke: bool) -> dict:
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     prompts = tiny_models.PROMPTS
     out["single"] = [_tokens(llm.generate([p], greedy, use_tqdm=False))[0] for p in prompts]
+    flushes = _counter("flushes")
     out["batched"] = _tokens(llm.generate(prompts, greedy, use_tqdm=False))
+    # programs run by the batched generate: one prefill step and MAX_TOKENS - 1 decode steps
+    out["batched_flushes"] = (_counter("flushes") - flushes) if flushes is not None else None
     if not smoke:
         # continuous batching: requests of other lengths finishing at other steps
         many = [prompts[i % 4] * (1 + i % 3) for i in range(12)]
@@ -74,12 +77,16 @@ def run(model: str, smoke: bool) -> dict:
     return out
 
 
-def _compiles() -> int | None:
+def _counter(name: str) -> int | None:
     if "torch_pjrt" not in sys.modules:
         return None
     import torch_pjrt
 
-    return torch_pjrt.metrics().get("compiles", 0)
+    return torch_pjrt.metrics().get(name, 0)
+
+
+def _compiles() -> int | None:
+    return _counter("compiles")
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def test_write_then_attend_equals_cpu(mode):
 
     def step(cache, key, value, slots, query, table, qsl, lens):
         ops.write_kv(cache, key, value, slots)
-        return ops.ragged_paged_attention(query, cache, table, qsl, lens, 0.3)
+        return ops.ragged_paged_attention(query, cache, table, qsl, lens, 0.3, 16)
 
     want_cache = cache.clone()
     want = step(want_cache, key, value, slots, query, table, qsl, lens)
@@ -49,3 +49,26 @@ def test_write_then_attend_equals_cpu(mode):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(args[0].cpu(), want_cache)
     assert want[9:].abs().sum() == 0  # rows no request owns
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_decode_step_with_cut_table_equals_cpu(mode):
+    # a decode step: one row a request, the table cut to the pages the longest request spans
+    cache, _, _, _, _, _, _, _ = _case(1)
+    g = torch.Generator().manual_seed(2)
+    query = torch.randn(16, HEADS, D, generator=g)
+    qsl = torch.tensor([0, 1, 2, 3, 3], dtype=torch.int32)
+    lens = torch.tensor([3, 8, 5, 0], dtype=torch.int32)
+    table = torch.tensor([[1, 2], [3, 4], [6, 7], [0, 0]], dtype=torch.int32)
+    ops = torch.ops.torch_pjrt_vllm
+    want = ops.ragged_paged_attention(query, cache, table, qsl, lens, 0.3, 1)
+    with torch_pjrt.set_eager_mode(mode):
+        got = ops.ragged_paged_attention(*(t.to("pjrt") for t in (query, cache, table, qsl,
+                                                                   lens)), 0.3, 1)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_past_the_limit_raise_on_cpu():
+    cache, key, value, slots, query, table, qsl, lens = _case()
+    with pytest.raises(ValueError, match="query rows"):
+        torch.ops.torch_pjrt_vllm.ragged_paged_attention(query, cache, table, qsl, lens, 0.3, 1)

@@ -18,9 +18,13 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import paged_attention  # noqa: F401 - registers torch.ops.torch_pjrt_vllm
-from .buckets import request_bucket, token_bucket
+from .buckets import page_bucket, request_bucket, token_bucket
 
 DEVICE = torch.device("pjrt")
+
+# the warm-up's page bucket for its decode steps (whose requests are short): the
+# worker sets it to compile every bucket a decode step can take
+warmup_pages: int | None = None
 
 
 class PjrtAttentionBackend(AttentionBackend):
@@ -59,10 +63,12 @@ class PjrtAttentionBackend(AttentionBackend):
 
 @dataclass
 class PjrtAttentionMetadata:
-    """A step's attention inputs on the device, padded: `tokens` rows, `requests` requests."""
+    """A step's attention inputs on the device, padded: `tokens` rows, `requests` requests,
+    at most `max_query_len` rows a request (1 in a decode step, else `tokens`)."""
 
     num_actual_tokens: int
     tokens: int
+    max_query_len: int
     slot_mapping: torch.Tensor  # [tokens] int32, -1 for padding
     block_table: torch.Tensor  # [requests, pages] int32
     query_start_loc: torch.Tensor  # [requests + 1] int32
@@ -80,6 +86,7 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
                  vllm_config: VllmConfig, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
+        self.block_size = kv_cache_spec.block_size
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> PjrtAttentionMetadata:
@@ -94,13 +101,20 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
         query_start_loc = torch.full((requests + 1,), int(qsl[-1]), dtype=torch.int32)
         query_start_loc[: reqs + 1] = qsl
         table = m.block_table_tensor[:reqs].to("cpu", torch.int32)
+        width = table.shape[1]
+        if m.max_query_len == 1:  # a decode step: one row a request, the pages it spans
+            max_query_len = 1
+            pages = (int(m.seq_lens[:reqs].max()) + self.block_size - 1) // self.block_size
+            table = table[:, : warmup_pages or page_bucket(pages, width)]
+        else:  # prefill and mixed steps: every row, the whole table (one program a bucket)
+            max_query_len = tokens
         host = (_padded(m.slot_mapping[:n].to("cpu", torch.int32), tokens, -1),
                 _padded(table, requests, 0), query_start_loc,
                 _padded(m.seq_lens[:reqs].to("cpu", torch.int32), requests, 0))
         slot_mapping, block_table, query_start_loc, seq_lens = (
             t.to(DEVICE, non_blocking=True) for t in host)
-        return PjrtAttentionMetadata(n, tokens, slot_mapping, block_table, query_start_loc,
-                                     seq_lens)
+        return PjrtAttentionMetadata(n, tokens, max_query_len, slot_mapping, block_table,
+                                     query_start_loc, seq_lens)
 
 
 class PjrtAttentionImpl(AttentionImpl):
@@ -136,6 +150,7 @@ class PjrtAttentionImpl(AttentionImpl):
         ops.write_kv(kv_cache, key, value, attn_metadata.slot_mapping)
         out = ops.ragged_paged_attention(query, kv_cache, attn_metadata.block_table,
                                          attn_metadata.query_start_loc,
-                                         attn_metadata.seq_lens, self.scale)
+                                         attn_metadata.seq_lens, self.scale,
+                                         attn_metadata.max_query_len)
         output.copy_(out.view(output.shape))
         return output

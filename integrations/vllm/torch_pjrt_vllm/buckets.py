@@ -27,3 +27,14 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
         sizes.append(n)
         n *= 2
     return sizes + [token_bucket(max_num_batched_tokens)]
+
+
+def page_bucket(pages: int, width: int) -> int:
+    """The padded block-table width of a decode step whose longest request spans `pages`
+    pages (powers of two, at most the table's `width`)."""
+    return min(_pow2(max(1, pages)), width)
+
+
+def page_buckets(width: int) -> list[int]:
+    """Every page bucket of a table `width` pages wide."""
+    return sorted({page_bucket(1 << i, width) for i in range(width.bit_length() + 1)})

@@ -7,11 +7,12 @@ every step of a size bucket:
 
 - `write_kv(kv_cache, key, value, slot_mapping)` writes token `t`'s key and value at slot
   `slot_mapping[t]`; a slot outside the cache (the padding's) writes nothing.
-- `ragged_paged_attention(query, kv_cache, block_table, query_start_loc, seq_lens, scale)`:
-  request `r` owns the query rows `query_start_loc[r]:query_start_loc[r + 1]`, the last
-  rows of its `seq_lens[r]` positions; each row attends causally to the request's cached
-  keys `0..position`. Rows no request owns give zeros. Requests past the real ones have
-  no rows (`query_start_loc` repeats its last value).
+- `ragged_paged_attention(query, kv_cache, block_table, query_start_loc, seq_lens, scale,
+  max_query_len)`: request `r` owns the query rows `query_start_loc[r]:query_start_loc[r + 1]`
+  (at most `max_query_len` of them), the last rows of its `seq_lens[r]` positions; each row
+  attends causally to the request's cached keys `0..position`, which its first
+  `block_table.shape[1]` pages hold. Rows no request owns give zeros. Requests past the
+  real ones have no rows (`query_start_loc` repeats its last value).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 @torch.library.custom_op(f"{_NS}::ragged_paged_attention", mutates_args=())
 def ragged_paged_attention(query: torch.Tensor, kv_cache: torch.Tensor,
                            block_table: torch.Tensor, query_start_loc: torch.Tensor,
-                           seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           seq_lens: torch.Tensor, scale: float,
+                           max_query_len: int) -> torch.Tensor:
     """Causal attention of each request's query rows over its paged keys and values."""
     tokens, heads, head_size = query.shape
     block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3]
@@ -45,6 +47,10 @@ def ragged_paged_attention(query: torch.Tensor, kv_cache: torch.Tensor,
         q_rows = starts[r + 1] - starts[r]
         if q_rows == 0:
             continue
+        if q_rows > max_query_len or seq_len > block_table.shape[1] * block_size:
+            raise ValueError(f"ragged_paged_attention: request {r} has {q_rows} query rows "
+                             f"(at most {max_query_len}) and {seq_len} positions (its "
+                             f"table holds {block_table.shape[1] * block_size})")
         blocks = block_table[r, : (seq_len + block_size - 1) // block_size].long()
         kv = kv_cache[blocks].reshape(-1, 2, kv_heads, head_size)[:seq_len].float()
         k = kv[:, 0].repeat_interleave(heads // kv_heads, dim=1)  # [seq, heads, d]
@@ -59,7 +65,7 @@ def ragged_paged_attention(query: torch.Tensor, kv_cache: torch.Tensor,
 
 
 @ragged_paged_attention.register_fake
-def _(query, kv_cache, block_table, query_start_loc, seq_lens, scale):
+def _(query, kv_cache, block_table, query_start_loc, seq_lens, scale, max_query_len):
     return torch.empty_like(query)
 
 
@@ -75,9 +81,10 @@ def _write_kv_jax(kv_cache, key, value, slot_mapping):
 
 
 def _ragged_paged_attention_jax(query, kv_cache, block_table, query_start_loc, seq_lens,
-                                scale):
-    """Each request's rows gathered into [requests, tokens, ...] (at most `tokens` rows a
-    request), its pages into [requests, pages * block_size, ...]; masked softmax in float32."""
+                                scale, max_query_len):
+    """Each request's rows gathered into [requests, max_query_len, ...], its pages into
+    [requests, pages * block_size, ...]; masked softmax in float32 (a decode step: one row a
+    request, its table cut to the pages its longest request spans)."""
     import jax
     import jax.numpy as jnp
 
@@ -85,13 +92,14 @@ def _ragged_paged_attention_jax(query, kv_cache, block_table, query_start_loc, s
     block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3]
     requests, pages = block_table.shape
     groups = heads // kv_heads
+    rows = min(max_query_len, tokens)
     q_len = query_start_loc[1:] - query_start_loc[:-1]  # [R]
-    i = jnp.arange(tokens)
+    i = jnp.arange(rows)
     row = query_start_loc[:-1, None] + i[None, :]  # [R, Q] flat row of each query
     valid = i[None, :] < q_len[:, None]
     pos = (seq_lens - q_len)[:, None] + i[None, :]  # [R, Q] position of each query
     q = query[jnp.where(valid, row, 0)].astype(jnp.float32)  # [R, Q, H, D]
-    q = q.reshape(requests, tokens, kv_heads, groups, head_size)
+    q = q.reshape(requests, rows, kv_heads, groups, head_size)
     kv = kv_cache[block_table].reshape(requests, pages * block_size, 2, kv_heads, head_size)
     k = kv[:, :, 0].astype(jnp.float32)
     v = kv[:, :, 1].astype(jnp.float32)
@@ -100,7 +108,7 @@ def _ragged_paged_attention_jax(query, kv_cache, block_table, query_start_loc, s
     mask = (key_pos[None, None, :] <= pos[:, :, None]) & valid[:, :, None]  # [R, Q, L]
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("rkgql,rlkd->rqkgd", probs, v).reshape(requests, tokens, heads, head_size)
+    out = jnp.einsum("rkgql,rlkd->rqkgd", probs, v).reshape(requests, rows, heads, head_size)
     target = jnp.where(valid, row, tokens)  # rows no request owns are dropped
     result = jnp.zeros((tokens, heads, head_size), jnp.float32)
     return result.at[target].set(out, mode="drop").astype(query.dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -122,6 +123,10 @@ class PjrtPlatform(Platform):
         compilation.cudagraph_capture_sizes = []
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.mode = CompilationMode.NONE
+        if parallel_config.world_size > 1:
+            # workers forked from a process whose PJRT client is up would share it: each
+            # worker starts its own, joined to the others' (torch_pjrt.distributed)
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         model_config = vllm_config.model_config
         if model_config is not None and model_config.use_mla:
             raise NotImplementedError("pjrt: MLA models are not supported")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import torch
@@ -12,8 +13,11 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from . import moe  # noqa: F401 - registers the MoE layers of pjrt
-from .buckets import token_buckets
+from . import (
+    attention,
+    moe,  # noqa: F401 - registers the MoE layers of pjrt
+)
+from .buckets import page_buckets, token_buckets
 from .model_runner import PjrtModelRunner
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures its handlers
@@ -22,6 +26,8 @@ logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures its ha
 class PjrtWorker(Worker):
     def __init__(self, vllm_config: VllmConfig, local_rank: int, rank: int,
                  distributed_init_method: str, is_driver_worker: bool = False) -> None:
+        _describe_job(vllm_config.parallel_config.world_size, rank, local_rank,
+                      distributed_init_method)
         super().__init__(vllm_config, local_rank, rank, distributed_init_method,
                          is_driver_worker=is_driver_worker)
         self.parallel_config.disable_custom_all_reduce = True
@@ -71,14 +77,44 @@ class PjrtWorker(Worker):
         start, before = time.perf_counter(), torch_pjrt.metrics().get("compiles", 0)
         runner = self.model_runner
         limit = self.scheduler_config.max_num_batched_tokens
-        for size in token_buckets(limit):
-            rows = min(size, limit)
-            hidden, last = runner._dummy_run(rows, force_attention=True, skip_eplb=True)
+        for size in token_buckets(limit):  # prefill and mixed steps
+            hidden, last = runner._dummy_run(min(size, limit), force_attention=True,
+                                             skip_eplb=True)
             runner._dummy_sampler_run(last)
+        seqs = min(self.scheduler_config.max_num_seqs, limit)
+        width = -(-self.model_config.max_model_len // self.cache_config.block_size)
+        for size in token_buckets(seqs):  # decode steps: one token a request
+            for pages in page_buckets(width):
+                attention.warmup_pages = pages
+                try:
+                    hidden, last = runner._dummy_run(min(size, seqs), force_attention=True,
+                                                     uniform_decode=True, skip_eplb=True)
+                finally:
+                    attention.warmup_pages = None
+                runner._dummy_sampler_run(last)
         torch.pjrt.synchronize()
         self.warmup_seconds = time.perf_counter() - start
         self.warmup_compiles = torch_pjrt.metrics().get("compiles", 0) - before
-        logger.info("pjrt warm-up: %d token buckets, %d compiles, %.1f s",
-                    len(token_buckets(limit)), self.warmup_compiles, self.warmup_seconds)
+        self.warmup_steps = len(token_buckets(limit)) + (len(token_buckets(seqs))
+                                                         * len(page_buckets(width)))
+        logger.info("pjrt warm-up: %d step shapes, %d compiles, %.1f s", self.warmup_steps,
+                    self.warmup_compiles, self.warmup_seconds)
         set_random_seed(self.model_config.seed)
         return CompilationTimes(language_model=self.warmup_seconds, encoder=0.0)
+
+
+def _describe_job(world_size: int, rank: int, local_rank: int, init_method: str) -> None:
+    """torchrun's variables for a worker of several: the pjrt runtime joins every process
+    of the job when it starts (at the first device query, before vLLM makes its groups),
+    from RANK, WORLD_SIZE and MASTER_ADDR/MASTER_PORT (docs/distributed.md)."""
+    if world_size == 1:
+        return
+    if not init_method.startswith("tcp://"):
+        # vLLM's workers meet through a FileStore, which has no queues: the pjrt group's
+        # agreement check before each collective needs them. vLLM's collectives are the
+        # same on every rank by construction; a mismatch would hang instead of raising
+        os.environ.setdefault("TORCH_PJRT_DIST_CHECK", "0")
+        return  # torch_pjrt starts the runtime from the group's store
+    host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=host, MASTER_PORT=port)
