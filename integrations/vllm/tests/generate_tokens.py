@@ -26,13 +26,14 @@ def _tokens(outputs) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def run(model: str, smoke: bool) -> dict:
+def run(model: str, smoke: bool, tp: int = 1) -> dict:
     from vllm import LLM, SamplingParams
 
     start = time.perf_counter()
     llm = LLM(model=model, dtype="float32", max_model_len=512, max_num_seqs=16,
               max_num_batched_tokens=BATCHED_TOKENS, kv_cache_memory_bytes=32 << 20,
-              enable_prefix_caching=True, seed=0)
+              enable_prefix_caching=True, seed=0, tensor_parallel_size=tp,
+              distributed_executor_backend="mp" if tp > 1 else None)
     out: dict = {"startup_s": time.perf_counter() - start,
                  "device": str(llm.llm_engine.vllm_config.device_config.device)}
     compiles = _compiles()
@@ -74,6 +75,8 @@ def run(model: str, smoke: bool) -> dict:
                                                           ignore_eos=True), use_tqdm=False)
         out["max_tokens_3"] = _tokens(short)[0]
     out["compiles_after_warmup"] = _compiles() - compiles if compiles is not None else None
+    if tp > 1:  # the model ran in the workers: this process's counters say nothing
+        out["compiles_after_warmup"] = out["batched_flushes"] = None
     return out
 
 
@@ -94,9 +97,10 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--smoke", action="store_true", help="greedy single and batched only")
     parser.add_argument("--hf", action="store_true", help="also HF generate's greedy tokens")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel processes")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    result = run(args.model, args.smoke)
+    result = run(args.model, args.smoke, args.tp)
     if args.hf:
         result["hf_single"] = tiny_models.hf_greedy(args.model, tiny_models.PROMPTS,
                                                     MAX_TOKENS)

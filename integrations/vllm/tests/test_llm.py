@@ -62,8 +62,9 @@ def test_greedy_equals_hf_single_and_batched(results):
     assert pjrt["batched"] == pjrt["hf_single"], name
 
 
-def test_no_compiles_after_warmup(results):
+def test_no_compiles_after_warmup_and_one_program_a_step(results):
     assert results[1]["compiles_after_warmup"] == 0
+    assert results[1]["batched_flushes"] == 16  # a prefill step and 15 decode steps
 
 
 @pytest.mark.skipif(not FULL, reason="TORCH_PJRT_VLLM_FULL=1")
@@ -92,3 +93,13 @@ def test_seeded_sampling_reproducible_and_stops(results):
     assert stop["finish_reason"] == "stop"
     assert stop["full_text"].startswith(stop["text"]) and stop["stop"] not in stop["text"]
     assert len(pjrt["max_tokens_3"]) == 3
+
+
+@pytest.mark.skipif(not FULL, reason="TORCH_PJRT_VLLM_FULL=1")
+def test_tensor_parallel_two_processes_equal_hf(model_root):
+    sys.path.insert(0, str(HERE))
+    import tiny_models
+
+    path = tiny_models.write_model("llama", model_root)
+    tp = generate(path, "pjrt", "--smoke", "--tp", "2", "--hf")
+    assert tp["batched"] == tp["hf_single"]
