@@ -1,5 +1,5 @@
 """Runs vLLM's `LLM` on one tiny model through the scenarios the tests compare, and prints
-their tokens as JSON (the last line): on pjrt where the plugin is installed, on vLLM's CPU
+their tokens as JSON (the line after RESULT): on pjrt where the plugin is installed, on vLLM's CPU
 platform under `VLLM_PLUGINS=` (empty).
 
     python generate_tokens.py MODEL_DIR [--smoke] [--hf]
@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_models  # noqa: E402
 
 MAX_TOKENS = 16
+RESULT = "generate_tokens result: "  # the line's start (vLLM's workers print to stdout too)
 BATCHED_TOKENS = 128  # the long prompt (296 tokens) is prefilled in three chunks
 LONG_PROMPT = " ".join(f"item {i} is {i * 7 % 13}," for i in range(30))
 SHARED_PREFIX = "In the beginning the system said: " + "all tokens are equal here; " * 6
@@ -113,7 +114,7 @@ def main() -> None:
                 t[:n] for t, n in zip(tiny_models.hf_greedy(
                     args.model, result["continuous_prompts"], 26),
                     result["continuous_max_tokens"])]
-    print(json.dumps(result))
+    print(RESULT + json.dumps(result))
     sys.stdout.flush()
     os._exit(0)  # vLLM's engine threads can hold the interpreter's exit for seconds
 

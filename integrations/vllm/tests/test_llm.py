@@ -40,7 +40,11 @@ def generate(model: Path, platform: str, *flags: str) -> dict:
     if proc.returncode != 0:
         raise AssertionError(f"generate_tokens.py on {platform} failed:\n"
                              f"{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    sys.path.insert(0, str(HERE))
+    from generate_tokens import RESULT
+
+    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith(RESULT))
+    return json.loads(line.removeprefix(RESULT))
 
 
 @pytest.fixture(scope="module", params=MODELS)
