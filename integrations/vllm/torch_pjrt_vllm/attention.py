@@ -19,8 +19,7 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import paged_attention  # noqa: F401 - registers torch.ops.torch_pjrt_vllm
 from .buckets import page_bucket, request_bucket, token_bucket
-
-DEVICE = torch.device("pjrt")
+from .transfer import to_device
 
 # the warm-up's page bucket for its decode steps (whose requests are short): the
 # worker sets it to compile every bucket a decode step can take
@@ -63,16 +62,32 @@ class PjrtAttentionBackend(AttentionBackend):
 
 @dataclass
 class PjrtAttentionMetadata:
-    """A step's attention inputs on the device, padded: `tokens` rows, `requests` requests,
-    at most `max_query_len` rows a request (1 in a decode step, else `tokens`)."""
+    """A step's attention inputs, padded: `tokens` rows, `requests` requests, at most
+    `max_query_len` rows a request (1 in a decode step, else `tokens`). Built on the host;
+    the runner copies them to the device with the step's other inputs (transfer.py)."""
 
     num_actual_tokens: int
     tokens: int
     max_query_len: int
-    slot_mapping: torch.Tensor  # [tokens] int32, -1 for padding
-    block_table: torch.Tensor  # [requests, pages] int32
-    query_start_loc: torch.Tensor  # [requests + 1] int32
-    seq_lens: torch.Tensor  # [requests] int32
+    host: tuple[torch.Tensor, ...]  # the four below, on the host
+    slot_mapping: torch.Tensor | None = None  # [tokens] int32, -1 for padding
+    block_table: torch.Tensor | None = None  # [requests, pages] int32
+    query_start_loc: torch.Tensor | None = None  # [requests + 1] int32
+    seq_lens: torch.Tensor | None = None  # [requests] int32
+
+    def set_device(self, tensors: list[torch.Tensor]) -> None:
+        """The device copies of `host`, in its order."""
+        self.slot_mapping, self.block_table, self.query_start_loc, self.seq_lens = tensors
+
+    def on_device(self) -> PjrtAttentionMetadata:
+        if self.slot_mapping is None:  # not sent with the step's inputs: alone
+            self.set_device(to_device(self.host))
+        return self
+
+    def sampled_rows(self) -> torch.Tensor:
+        """The row of each request's last token, padded to the request bucket (the rows
+        vLLM samples when it samples one token a request)."""
+        return self.host[2][1:] - 1
 
 
 def _padded(values: torch.Tensor, size: int, fill: int) -> torch.Tensor:
@@ -111,10 +126,7 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
         host = (_padded(m.slot_mapping[:n].to("cpu", torch.int32), tokens, -1),
                 _padded(table, requests, 0), query_start_loc,
                 _padded(m.seq_lens[:reqs].to("cpu", torch.int32), requests, 0))
-        slot_mapping, block_table, query_start_loc, seq_lens = (
-            t.to(DEVICE, non_blocking=True) for t in host)
-        return PjrtAttentionMetadata(n, tokens, max_query_len, slot_mapping, block_table,
-                                     query_start_loc, seq_lens)
+        return PjrtAttentionMetadata(n, tokens, max_query_len, host)
 
 
 class PjrtAttentionImpl(AttentionImpl):
@@ -146,6 +158,7 @@ class PjrtAttentionImpl(AttentionImpl):
         if query.shape[0] != attn_metadata.tokens:
             raise RuntimeError(f"pjrt attention: {query.shape[0]} query rows, the step's "
                                f"metadata is padded to {attn_metadata.tokens}")
+        attn_metadata = attn_metadata.on_device()
         ops = torch.ops.torch_pjrt_vllm
         ops.write_kv(kv_cache, key, value, attn_metadata.slot_mapping)
         out = ops.ragged_paged_attention(query, kv_cache, attn_metadata.block_table,
