@@ -68,6 +68,29 @@ def test_decode_step_with_cut_table_equals_cpu(mode):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_requests_of_many_query_blocks_equal_cpu(mode):
+    # a prefill of 37 rows and a chunk of 20 rows after 9 cached span several query blocks
+    # (paged_attention.QUERY_BLOCK rows each), beside a decode and a padding request
+    g = torch.Generator().manual_seed(3)
+    q_lens, seq_lens = [37, 20, 1, 0], [37, 29, 31, 0]
+    qsl = torch.tensor([0, 37, 57, 58, 58], dtype=torch.int32)
+    pages = [list(range(1, 11)), list(range(11, 19)) + [0, 0], list(range(19, 27)) + [0, 0],
+             [0] * 10]
+    table = torch.tensor(pages, dtype=torch.int32)
+    cache = torch.randn(32, BLOCK, 2, KV_HEADS, D, generator=g)
+    query = torch.randn(64, HEADS, D, generator=g)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    assert sum(q_lens) > 3 * paged_attention.QUERY_BLOCK
+    ops = torch.ops.torch_pjrt_vllm
+    want = ops.ragged_paged_attention(query, cache, table, qsl, lens, 0.3, 64)
+    with torch_pjrt.set_eager_mode(mode):
+        got = ops.ragged_paged_attention(*(t.to("pjrt") for t in (query, cache, table, qsl,
+                                                                   lens)), 0.3, 64)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert want[58:].abs().sum() == 0 and want[:58].abs().sum() > 0
+
+
 def test_rows_past_the_limit_raise_on_cpu():
     cache, key, value, slots, query, table, qsl, lens = _case()
     with pytest.raises(ValueError, match="query rows"):

@@ -80,35 +80,63 @@ def _write_kv_jax(kv_cache, key, value, slot_mapping):
     return (flat.at[slots].set(rows, mode="drop").reshape(kv_cache.shape),)
 
 
+# query rows are attended in blocks of this many rows of one request (at most 16): a step's
+# T rows take at most T / QUERY_BLOCK + requests blocks, each over its request's pages
+QUERY_BLOCK = 16
+
+
+def _query_blocks(query_start_loc, tokens: int, max_query_len: int):
+    """Each request's query rows cut into blocks of `size` rows: (size, the request of each
+    block [NB], the offset of its first row within the request [NB], which blocks are real
+    [NB]). A decode step (one row a request) is one block of one row a request."""
+    import jax.numpy as jnp
+
+    requests = query_start_loc.shape[0] - 1
+    size = max(1, min(max_query_len, tokens, QUERY_BLOCK))
+    count = requests if max_query_len <= size else tokens // size + requests
+    q_len = query_start_loc[1:] - query_start_loc[:-1]
+    blocks = (q_len + size - 1) // size  # [R]
+    ends = jnp.cumsum(blocks)
+    j = jnp.arange(count)
+    request = jnp.sum(ends[None, :] <= j[:, None], axis=1)  # [NB]; R past the last block
+    real = request < requests
+    request = jnp.minimum(request, requests - 1)
+    offset = (j - (ends[request] - blocks[request])) * size
+    return size, request, offset, real
+
+
 def _ragged_paged_attention_jax(query, kv_cache, block_table, query_start_loc, seq_lens,
                                 scale, max_query_len):
-    """Each request's rows gathered into [requests, max_query_len, ...], its pages into
-    [requests, pages * block_size, ...]; masked softmax in float32 (a decode step: one row a
-    request, its table cut to the pages its longest request spans)."""
+    """Each request's rows cut into blocks of QUERY_BLOCK rows (one row in a decode step),
+    each block gathered with its request's pages into [blocks, rows, ...] and
+    [blocks, pages * block_size, ...]; masked softmax in float32. A prefill step of T rows
+    attends (T / QUERY_BLOCK + requests) blocks, not a block of T rows for every request."""
     import jax
     import jax.numpy as jnp
 
     tokens, heads, head_size = query.shape
     block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3]
-    requests, pages = block_table.shape
+    pages = block_table.shape[1]
     groups = heads // kv_heads
-    rows = min(max_query_len, tokens)
-    q_len = query_start_loc[1:] - query_start_loc[:-1]  # [R]
-    i = jnp.arange(rows)
-    row = query_start_loc[:-1, None] + i[None, :]  # [R, Q] flat row of each query
-    valid = i[None, :] < q_len[:, None]
-    pos = (seq_lens - q_len)[:, None] + i[None, :]  # [R, Q] position of each query
-    q = query[jnp.where(valid, row, 0)].astype(jnp.float32)  # [R, Q, H, D]
-    q = q.reshape(requests, rows, kv_heads, groups, head_size)
-    kv = kv_cache[block_table].reshape(requests, pages * block_size, 2, kv_heads, head_size)
+    rows, request, offset, real = _query_blocks(query_start_loc, tokens, max_query_len)
+    count = request.shape[0]
+    q_len = (query_start_loc[1:] - query_start_loc[:-1])[request]  # [NB]
+    local = offset[:, None] + jnp.arange(rows)[None, :]  # [NB, Q] row within the request
+    valid = real[:, None] & (local < q_len[:, None])
+    row = query_start_loc[request][:, None] + local  # [NB, Q] flat row of each query
+    pos = (seq_lens[request] - q_len)[:, None] + local  # [NB, Q] position of each query
+    q = query[jnp.where(valid, row, 0)].astype(jnp.float32)  # [NB, Q, H, D]
+    q = q.reshape(count, rows, kv_heads, groups, head_size)
+    kv = kv_cache[block_table[request]].reshape(count, pages * block_size, 2, kv_heads,
+                                                head_size)
     k = kv[:, :, 0].astype(jnp.float32)
     v = kv[:, :, 1].astype(jnp.float32)
     scores = jnp.einsum("rqkgd,rlkd->rkgql", q, k) * scale
     key_pos = jnp.arange(pages * block_size)
-    mask = (key_pos[None, None, :] <= pos[:, :, None]) & valid[:, :, None]  # [R, Q, L]
+    mask = (key_pos[None, None, :] <= pos[:, :, None]) & valid[:, :, None]  # [NB, Q, L]
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("rkgql,rlkd->rqkgd", probs, v).reshape(requests, rows, heads, head_size)
+    out = jnp.einsum("rkgql,rlkd->rqkgd", probs, v).reshape(count, rows, heads, head_size)
     target = jnp.where(valid, row, tokens)  # rows no request owns are dropped
     result = jnp.zeros((tokens, heads, head_size), jnp.float32)
     return result.at[target].set(out, mode="drop").astype(query.dtype)
