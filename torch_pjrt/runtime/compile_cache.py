@@ -78,6 +78,31 @@ def _source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+# register_jax kernels' code (outside torch-pjrt) by the hash of the file defining each
+_kernel_sources: dict[str, str] = {}
+
+
+def note_kernel_source(fn: Callable) -> None:
+    """A registered JAX kernel's code shapes the programs that call it: the hash of the
+    file that defines `fn` joins every program's digest, so that an edited kernel never
+    reuses a program compiled from its old code (code it imports from other files is not
+    covered). A function without a readable file (built at run time) counts by its name."""
+    import inspect
+
+    fn = inspect.unwrap(fn)
+    try:
+        path = inspect.getsourcefile(fn) or ""
+        with open(path, "rb") as f:
+            text = f.read()
+    except (TypeError, OSError):
+        path, text = "", repr(fn).encode()
+    name = f"{getattr(fn, '__module__', '')}:{os.path.basename(path)}"
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    if _kernel_sources.get(name) != digest:
+        _kernel_sources[name] = digest
+        _prefix.cache_clear()
+
+
 _COMPILER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "NEURON_CC_FLAGS")
 
 
@@ -101,6 +126,8 @@ def platform_key(device_index: int = 0) -> dict[str, str]:
     parts["cpu_kernels"] = str(cpu_kernels.available())  # custom calls in the programs
     # lowerings that pick another formulation by a switch (convolutions as patches)
     parts["conv_patches"] = str(_env.flag("TORCH_PJRT_CONV_PATCHES"))
+    if _kernel_sources:  # register_jax kernels (their files' hashes)
+        parts["kernels"] = ",".join(f"{k}={v}" for k, v in sorted(_kernel_sources.items()))
     if d.platform == "cpu":  # XLA:CPU compiles for this processor's instruction set
         parts["host"] = _host_cpu()
     return parts
