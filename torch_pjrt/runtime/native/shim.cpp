@@ -286,12 +286,6 @@ struct PinnedAllocator final : at::HostAllocator {
     default_copy_data(dest, src, count);
   }
 
-  bool record_event(void*, void*, c10::Stream) override { return true; }
-  void empty_cache() override {}
-  at::HostStats get_stats() override { return {}; }
-  void reset_accumulated_stats() override {}
-  void reset_peak_stats() override {}
-
   bool contains(const void* ptr) {
     auto p = reinterpret_cast<uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(mu);
