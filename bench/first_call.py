@@ -61,9 +61,10 @@ class Workload:
     def key(self) -> str:
         return f"{self.model}/{self.task}"
 
-    def candidates(self) -> tuple[str, ...]:
+    def candidates(self, chosen: tuple[str, ...] = CANDIDATES) -> tuple[str, ...]:
         # continuous batching runs its own loop around the model: nothing to torch.compile
-        return tuple(c for c in CANDIDATES if not (self.task == "batch" and c == "compile cold"))
+        return tuple(c for c in CANDIDATES if c in chosen
+                     and not (self.task == "batch" and c == "compile cold"))
 
 
 def workloads() -> list[Workload]:
@@ -242,14 +243,14 @@ def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float,
 
 
 def run_round(works: list[Workload], small: bool, timeout: float,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, chosen: tuple[str, ...] = CANDIDATES) -> dict:
     """Every workload once, its candidates back to back."""
     out = {}
     for work in works:
         out[work.key] = {}
         fused = tempfile.mkdtemp(prefix="first-call-")
         try:
-            for candidate in work.candidates():
+            for candidate in work.candidates(chosen):
                 cache = fused if candidate.startswith("fused") else \
                     tempfile.mkdtemp(prefix="first-call-")
                 r = _spawn(work.key, candidate, cache, small, timeout, threads)
@@ -397,6 +398,9 @@ def main() -> None:
     p.add_argument("--models", default=None,
                    help="comma-separated models (default: all), e.g. gpt,hf-llama")
     p.add_argument("--tasks", default="train,generate,batch")
+    p.add_argument("--candidates", default=",".join(CANDIDATES),
+                   help="comma-separated candidates (native CPU eager always runs: the "
+                        "ratios divide by it; fused warm needs fused cold)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900, help="seconds per process")
     # On a loaded machine PyTorch's OpenMP threads wait for each other at every op: HF
@@ -437,7 +441,13 @@ def main() -> None:
         works = [w for w in works if w.key in SMOKE]
     load_before = _load()
     start = time.time()
-    rounds = [run_round(works, args.smoke, args.timeout, args.threads)
+    chosen = {BASE, *args.candidates.split(",")}
+    if "fused warm" in chosen:
+        chosen.add("fused cold")
+    unknown = chosen - set(CANDIDATES)
+    if unknown:
+        sys.exit(f"first_call: unknown candidates {sorted(unknown)}; known: {CANDIDATES}")
+    rounds = [run_round(works, args.smoke, args.timeout, args.threads, tuple(chosen))
               for _ in range(args.rounds)]
     bad = check(rounds)
 
