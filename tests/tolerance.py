@@ -159,7 +159,7 @@ def flushed(dtype: torch.dtype) -> float:
 
 def assert_as_accurate(actual: torch.Tensor, expected: torch.Tensor,
                        reference: torch.Tensor, *, factor: float = 8, ulps: float = 4,
-                       sensitivity: torch.Tensor | None = None,
+                       sensitivity: torch.Tensor | None = None, atol: float = 0.0,
                        what: str = "result") -> None:
     """pjrt's error against the float64 `reference` is within `factor` times the CPU's own
     largest error in the same tensor (plus `ulps` ulps of each element): the promise for a
@@ -169,7 +169,9 @@ def assert_as_accurate(actual: torch.Tensor, expected: torch.Tensor,
 
     `sensitivity`: how much each element amplifies the errors it is computed from, where
     that differs from element to element (`adamw_step_sensitivity`); errors are compared divided
-    by it, so that the CPU's error in a quiet element does not set the bound of a loud one."""
+    by it, so that the CPU's error in a quiet element does not set the bound of a loud one.
+    `atol`: an error pjrt's algorithm has and the CPU's does not, stated by the caller with
+    its derivation (capturable optimizers' bias corrections computed in float32)."""
     if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
         assert torch.equal(actual.cpu(), expected.cpu()), f"{what}: integers differ"
         return
@@ -178,7 +180,7 @@ def assert_as_accurate(actual: torch.Tensor, expected: torch.Tensor,
     scale = torch.ones(()) if sensitivity is None else wide(sensitivity)
     cpu_error = ((cpu - ref).abs() / scale).where(finite, torch.zeros(()))
     worst = cpu_error.max() if ref.numel() else torch.zeros(())
-    bound = factor * worst * scale + ulps * ulp(ref, expected.dtype)
+    bound = factor * worst * scale + ulps * ulp(ref, expected.dtype) + atol
     assert_within(actual, ref.where(finite, cpu), bound.where(finite, torch.zeros(())), what)
 
 
