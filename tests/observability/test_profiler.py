@@ -154,9 +154,8 @@ def test_record_function_ranges_get_the_device_time_of_their_programs():
 
 
 def test_compiles_say_where_the_program_came_from(tmp_path, monkeypatch):
-    from torch_pjrt.eager import graph, tiers
+    from torch_pjrt.eager import graph
 
-    monkeypatch.setattr(tiers, "enabled", False)  # the graph's own program, not its ops'
     x = torch.randn(7, 3).to("pjrt")
     with profile(activities=DEVICE_ACTIVITIES) as prof:
         (x.sin() * 2 + 1).sum().item()

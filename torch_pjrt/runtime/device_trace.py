@@ -85,6 +85,9 @@ def host(name: str, start: int, meta: dict | None = None) -> None:
 
 _compiles = 0  # compiles seen in this profile
 _compiled_end = 0  # when the last of them ended
+# programs compiled or loaded ahead of their first launch (a schedule's pieces, a background
+# compile): digest -> "compiled" or "disk", what that launch reports instead of "memory"
+_ahead: dict[str, str] = {}
 
 
 def compiled(program: watch.Program, start: int, source: str) -> None:
@@ -93,6 +96,8 @@ def compiled(program: watch.Program, start: int, source: str) -> None:
     host(f"pjrt compile {program.name}", start, {"cache": source, "program": program.title})
     _compiles += 1
     _compiled_end = now()
+    if active:
+        _ahead[program.digest] = source
 
 
 def launch(fn, digest: str, device: int, args: list, donated: list, ops: list | None):
@@ -106,7 +111,7 @@ def launch(fn, digest: str, device: int, args: list, donated: list, ops: list | 
     program = watch.program(digest)
     if ops is None:
         ops = [(op, site) for op, _, site in program.ops]
-    cache = "memory"
+    cache = _ahead.pop(digest, "memory")
     if _compiles != compiles:  # compiled first: the program ran after that
         launched = _compiled_end
         cache = watch.last_compile[1] if watch.last_compile else "compiled"
@@ -212,6 +217,7 @@ def _start() -> None:
     """The profile starts recording (profiler.cpp's Session::start)."""
     global active, _switch_interval
     _events.clear()
+    _ahead.clear()
     _runs.clear()
     _outputs.clear()
     for kind in (PROGRAM, COLLECTIVE):
