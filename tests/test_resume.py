@@ -1,6 +1,7 @@
 """Resume exactly: a training run (AdamW, an LR schedule, dropout from the pjrt generator)
 saved with torch.save after step k and restored in a new process continues with the
-same losses, bit for bit, as the run that went on; in fused eager and torch.compile."""
+same losses, bit for bit, as the run that went on (with deterministic algorithms, as CUDA
+asks); in fused eager and torch.compile."""
 
 import json
 import os
@@ -15,6 +16,10 @@ import json, sys
 import torch, torch.nn.functional as F, torch_pjrt
 
 mode, steps, save_at, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+# Bit for bit asks for deterministic algorithms, as on CUDA: without them a fused graph's
+# first runs may take its ops' own programs while it compiles (docs/compile-cost.md), and
+# XLA's fusion may round a last bit differently.
+torch.use_deterministic_algorithms(True)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(0.2),
                             torch.nn.Linear(32, 4)).to("pjrt")

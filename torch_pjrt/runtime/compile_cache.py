@@ -195,15 +195,18 @@ def _prepare_custom_calls() -> None:
         pass
 
 
-def load(name: str, device: int):
+def load(name: str, device: int, probe: bool = False):
     """(executable, side info, bytes on disk) stored under `name`, or None (missing or
-    damaged: then recompiled)."""
+    damaged: then recompiled). `probe`: asked only whether it is there (a tiered flush's
+    fused program, whose ops run one by one if not): a missing entry is no miss, since
+    nothing is compiled for it."""
     if not enabled():
         return None
     path = _path(name)
     payload = cache_files.read(path, root(), "program", "disk_cache", MAGIC)
     if payload is None:
-        counters.count("disk_cache_misses")
+        if not probe:
+            counters.count("disk_cache_misses")
         return None
     try:
         from jax.experimental.serialize_executable import deserialize_and_load
@@ -288,7 +291,7 @@ def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
     (runtime/compile_pool.py): it changes only counters and files."""
     start = time.perf_counter()
     began = device_trace.now() if watch.profiling else 0
-    found = load(name, device)
+    found = load(name, device, probe=not build)
     if found is not None:
         return Built(found[0], found[1], "disk", time.perf_counter() - start, None, began,
                      jitted, args, found[2])
