@@ -13,7 +13,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "torch_pjrt"
 # Bottom layer first. A part is a subpackage or a top-level module of torch_pjrt; ""
 # is torch_pjrt/__init__.py itself, which imports every layer to start them.
 LAYERS = [
-    ("_env", "counters", "logs"),  # settings, metrics, loggers: plain Python for every layer
+    ("_compat", "_env", "counters", "logs"),  # torch-release differences, settings, metrics,
+    # loggers: plain Python for every layer
     ("runtime",),
     ("storage",),
     ("lowering",),

@@ -21,6 +21,7 @@ from jax import lax
 from jax._src.lax.linalg import geqrf as _geqrf  # not re-exported by jax.lax.linalg
 from jax.lax import linalg as lax_linalg
 
+from ... import _compat
 from .. import checks
 from ..registry import lower
 from ._ops import aten, is_complex, is_int
@@ -314,7 +315,7 @@ def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
     return (_mH(lower_factor) if upper else lower_factor), info
 
 
-@lower(aten.cholesky.default)
+@lower(*_compat.aten_overloads("cholesky.default"))  # gone from torch 2.14 on
 def cholesky(a, upper=False):
     lower_factor, info = _cholesky_lower(_mH(a) if upper else a)
     _check_info(info, "cholesky", "The factorization could not be completed because the "
