@@ -51,8 +51,10 @@ def _error_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def run_library(name: str, modes: tuple[str, ...], only: str | None) -> dict:
-    """Every case of tests/ecosystem/test_<name>.py in `modes`: one record each."""
+def run_library(name: str, modes: tuple[str, ...], only: str | None,
+                after_each=lambda data: None) -> dict:
+    """Every case of tests/ecosystem/test_<name>.py in `modes`: one record each
+    (`after_each` sees the library's records so far after each case)."""
     import torch_pjrt
 
     try:
@@ -60,6 +62,7 @@ def run_library(name: str, modes: tuple[str, ...], only: str | None) -> dict:
     except BaseException as exc:  # pytest.importorskip's Skipped, or an import error
         return {"version": _version(LIBRARIES[name]), "skipped": _error_line(exc), "cases": []}
     records = []
+    data = {"version": _version(LIBRARIES[name]), "cases": records}
     for (case, mode), run in module.CASES.items():
         if mode not in modes or (only and only not in case):
             continue
@@ -84,7 +87,8 @@ def run_library(name: str, modes: tuple[str, ...], only: str | None) -> dict:
         record["seconds"] = round(time.perf_counter() - start, 1)
         records.append(record)
         print(_line(name, record), flush=True)
-    return {"version": _version(LIBRARIES[name]), "cases": records}
+        after_each(data)
+    return data
 
 
 def _result_text(r: dict) -> str:
@@ -185,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
            "python": platform.python_version(), "date": datetime.date.today().isoformat(),
            "libraries": {}}
     for name in args.libraries or list(LIBRARIES):
-        run["libraries"][name] = run_library(name, tuple(args.modes), args.only)
+        def save(data, name=name):  # a long sweep stopped midway keeps what it found
+            run["libraries"][name] = data
+            if args.report:
+                write_report(dict(run, libraries=dict(run["libraries"])))
+        run["libraries"][name] = run_library(name, tuple(args.modes), args.only, save)
         if run["libraries"][name].get("skipped"):
             print(f"{name:12s} skipped: {run['libraries'][name]['skipped']}", flush=True)
     if args.report:
