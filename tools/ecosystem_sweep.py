@@ -52,7 +52,7 @@ def _error_line(exc: BaseException) -> str:
 
 
 def run_library(name: str, modes: tuple[str, ...], only: str | None,
-                after_each=lambda data: None) -> dict:
+                after_each=lambda data: None, done: list | None = None) -> dict:
     """Every case of tests/ecosystem/test_<name>.py in `modes`: one record each
     (`after_each` sees the library's records so far after each case)."""
     import torch_pjrt
@@ -61,10 +61,11 @@ def run_library(name: str, modes: tuple[str, ...], only: str | None,
         module = importlib.import_module(f"test_{name}")
     except BaseException as exc:  # pytest.importorskip's Skipped, or an import error
         return {"version": _version(LIBRARIES[name]), "skipped": _error_line(exc), "cases": []}
-    records = []
+    records = list(done or [])
     data = {"version": _version(LIBRARIES[name]), "cases": records}
+    finished = {(r["case"], r["mode"]) for r in records}
     for (case, mode), run in module.CASES.items():
-        if mode not in modes or (only and only not in case):
+        if mode not in modes or (only and only not in case) or (case, mode) in finished:
             continue
         before = dict(torch_pjrt.metrics()["cpu_fallbacks"])
         start = time.perf_counter()
@@ -154,12 +155,14 @@ def render(runs: dict) -> str:
     return "\n".join(out)
 
 
-def write_report(run: dict) -> None:
+def write_report(run: dict | None) -> None:
+    """Add `run` to docs/ecosystem.json (None: add nothing) and redraw the page's section."""
     runs = json.loads(JSON.read_text())["runs"] if JSON.exists() else {}
-    old = runs.get(run["torch"], {"libraries": {}})
-    run["libraries"] = {**old["libraries"], **run["libraries"]}
-    runs[run["torch"]] = run
-    JSON.write_text(json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n")
+    if run is not None:
+        old = runs.get(run["torch"], {"libraries": {}})
+        run["libraries"] = {**old["libraries"], **run["libraries"]}
+        runs[run["torch"]] = run
+        JSON.write_text(json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n")
     section = render(runs)
     text = MARKDOWN.read_text() if MARKDOWN.exists() else (
         "# The libraries around PyTorch on pjrt\n\n")
@@ -179,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="only", help="only the cases whose name holds this")
     parser.add_argument("--report", action="store_true",
                         help="write docs/ecosystem.json and docs/ecosystem.md")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cases docs/ecosystem.json has for this torch; run the rest")
+    parser.add_argument("--render", action="store_true",
+                        help="only redraw docs/ecosystem.md from docs/ecosystem.json")
     args = parser.parse_args(argv)
+    if args.render:
+        write_report(None)
+        return 0
     sys.path.insert(0, str(TESTS))
     sys.path.insert(0, str(ROOT / "tests"))
     import jax
@@ -193,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             run["libraries"][name] = data
             if args.report:
                 write_report(dict(run, libraries=dict(run["libraries"])))
-        run["libraries"][name] = run_library(name, tuple(args.modes), args.only, save)
+        done = []
+        if args.resume and JSON.exists():
+            old = json.loads(JSON.read_text())["runs"].get(run["torch"], {"libraries": {}})
+            done = old["libraries"].get(name, {}).get("cases", [])
+        run["libraries"][name] = run_library(name, tuple(args.modes), args.only, save, done)
         if run["libraries"][name].get("skipped"):
             print(f"{name:12s} skipped: {run['libraries'][name]['skipped']}", flush=True)
     if args.report:

@@ -119,8 +119,23 @@ def to(tree: Any, device: str) -> Any:
 
 
 def pair(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The model on the CPU and a copy of it on pjrt."""
+    """The model on the CPU and a copy of it on pjrt, both without random drops."""
+    model = without_dropout(model)
     return model, copy.deepcopy(model).to("pjrt")
+
+
+def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every dropout, drop-path and stochastic-depth probability at 0: each
+    device draws its own random masks (the CPU's generator and pjrt's differ), so a model
+    that drops in training mode cannot be compared (timm's Swin drops paths by default)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for attribute in ("drop_prob", "p"):  # timm's DropPath, torchvision's StochasticDepth
+            if type(module).__name__ in ("DropPath", "StochasticDepth") \
+                    and hasattr(module, attribute):
+                setattr(module, attribute, 0.0)
+    return model
 
 
 def train(model: torch.nn.Module, batch: Any, loss_of: Callable[[Any, Any], torch.Tensor],
