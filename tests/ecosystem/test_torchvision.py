@@ -71,7 +71,8 @@ def op(name: str, mode: str, tolerance: float = 1e-5):
     _, fn, args, grads = next(c for c in _op_calls() if c[0] == name)
 
     def run(device):
-        leaves = [a.to(device).requires_grad_(i in grads) for i, a in enumerate(args)]
+        leaves = [a.detach().clone().to(device).requires_grad_(i in grads)
+                  for i, a in enumerate(args)]
         call = torch.compile(fn, backend="pjrt") if mode == "compile" and device != "cpu" \
             else fn
         out = call(*leaves)
