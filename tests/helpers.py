@@ -66,6 +66,27 @@ def outputs_and_grads(fn: Callable, *tensors: torch.Tensor, seed: int = 1) -> li
     return [out] + [t.grad for t in leaves if t.requires_grad]
 
 
+def compare_products(fn: Callable, *tensors: torch.Tensor, roundings: int = 1) -> None:
+    """`outputs_and_grads` of `fn`, linear in each input (products, convolutions, sums), on
+    pjrt within what rounding allows of the CPU's: tests/tolerance.py's `sum_bound` over
+    the terms' magnitudes (`roundings`: how often a kernel may round partial sums to a low-
+    precision dtype)."""
+    from tolerance import assert_within, product_magnitudes, sum_bound
+
+    expected = outputs_and_grads(fn, *tensors)
+    actual = outputs_and_grads(fn, *to_device(tensors))
+    terms = max(t.numel() for t in tensors)
+    magnitudes = product_magnitudes(fn, *tensors)
+    assert len(actual) == len(expected) == len(magnitudes)
+    for i, (a, e, m) in enumerate(zip(actual, expected, magnitudes)):
+        if e is None:  # an input the op does not differentiate
+            assert a is None, f"gradient {i}: pjrt computed one, the CPU none"
+            continue
+        assert a.device.type == DEVICE and a.dtype == e.dtype, (a.device, a.dtype, e.dtype)
+        assert_within(a, e, sum_bound(m, e.dtype, roundings=roundings, terms=terms),
+                      "output" if i == 0 else f"gradient {i}")
+
+
 def spread_samples(samples: Any) -> list:
     """The CI slice of an op's OpInfo samples for one dtype: at most
     TORCH_PJRT_OPINFO_SAMPLES (default 4), spread over the list as the conformance sweep

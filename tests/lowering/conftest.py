@@ -22,8 +22,6 @@ KNOWN_FAILING: dict[str, str] = {
                   "reciprocal", "rsqrt", "sigmoid", "sqrt")},
     **{f"test_elementwise.py::test_binary_edge_values[{op}-torch.complex64]": _COMPLEX_SPECIAL
        for op in ("add", "sub", "div", "logaddexp", "pow")},
-    "test_elementwise.py::test_unary_edge_values[gelu-torch.float32]":
-        "gelu(+inf) is +inf on pjrt; the CPU's exact-erf kernel gives NaN",
     "test_elementwise.py::test_binary_edge_values[fmod-torch.float32]":
         "a subnormal divisor: XLA:CPU flushes subnormals to zero (NaN), the CPU does not",
     "test_elementwise.py::test_binary_edge_values[remainder-torch.float32]":

@@ -8,6 +8,7 @@ modes; TORCH_PJRT_SLOW_TESTS=1 runs every architecture in every mode and generat
 import pytest
 import torch
 import zoo
+from tolerance import assert_as_accurate
 
 import torch_pjrt
 
@@ -33,18 +34,14 @@ def _case(values, ci: bool):
     return pytest.param(*values, marks=marks)
 
 
-def _close(actual, expected, arch, what):
-    torch.testing.assert_close(actual.cpu(), expected, **arch.tolerance,
-                               msg=lambda m: f"{what}: {m}")
-
-
-def _check_step(arch, expected, actual):
-    logits, loss, grads = expected
-    _close(actual[0], logits, arch, "logits")
-    _close(actual[1], loss, arch, "loss")
-    assert set(actual[2]) == set(grads), "parameters with a gradient differ"
-    for name, g in grads.items():
-        _close(actual[2][name], g, arch, f"grad of {name}")
+def _check_step(expected, actual, reference):
+    """One step's logits, loss and gradients on pjrt are as accurate as the CPU's, both
+    against the float64 reference (tests/tolerance.py)."""
+    for what, a, e, r in zip(("logits", "loss"), actual, expected, reference):
+        assert_as_accurate(a, e, r, what=what)
+    assert set(actual[2]) == set(expected[2]), "parameters with a gradient differ"
+    for name, g in expected[2].items():
+        assert_as_accurate(actual[2][name], g, reference[2][name], what=f"grad of {name}")
 
 
 @pytest.mark.parametrize("name", list(zoo.ARCHS))
@@ -53,37 +50,45 @@ def test_fused_training_matches_cpu(name):
     losses of a few AdamW steps and the parameters they end at."""
     arch = zoo.ARCHS[name]
     cpu, dev = zoo.pair(arch)
+    ref = zoo.reference(cpu)
     if arch.tied:
         params = dict(dev.named_parameters(remove_duplicate=False))
         assert params[arch.tied[0]] is params[arch.tied[1]], "tied weights came apart"
     kwargs = zoo.inputs(arch)
+    ref_kwargs = zoo.to(kwargs, "cpu", torch.float64)
     with torch_pjrt.set_eager_mode("fused"):
         first = zoo.forward_backward(cpu, kwargs)
-        _check_step(arch, first, zoo.forward_backward(dev, zoo.to(kwargs, "pjrt")))
-        expected = zoo.adamw_losses(cpu, kwargs, ADAMW_STEPS)
-        actual = zoo.adamw_losses(dev, zoo.to(kwargs, "pjrt"), ADAMW_STEPS)
-    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+        _check_step(first, zoo.forward_backward(dev, zoo.to(kwargs, "pjrt")),
+                    zoo.forward_backward(ref, ref_kwargs))
+        expected, sensitivity = zoo.adamw_steps(cpu, kwargs, ADAMW_STEPS)
+        actual, _ = zoo.adamw_steps(dev, zoo.to(kwargs, "pjrt"), ADAMW_STEPS)
+    assert_as_accurate(torch.tensor(actual), torch.tensor(expected),
+                       torch.tensor(zoo.adamw_steps(ref, ref_kwargs, ADAMW_STEPS)[0]),
+                       what="AdamW losses")
     # A gradient that is zero but for rounding (a key projection's bias: softmax ignores a
     # shift of every score) becomes full-size AdamW steps of any sign, on any device.
     noise = {n for n, g in first[2].items() if g.abs().max() < 1e-6}
-    for (n, p), q in zip(dev.named_parameters(), cpu.parameters()):
+    for (n, p), q, r in zip(dev.named_parameters(), cpu.parameters(), ref.parameters()):
         if n not in noise:
-            _close(p.detach(), q.detach(), arch, f"{n} after AdamW")
+            assert p.device.type == "pjrt"
+            assert_as_accurate(p.detach(), q.detach(), r.detach(), what=f"{n} after AdamW",
+                               sensitivity=sensitivity[q])
 
 
 @pytest.mark.parametrize("name,mode", [
     _case((name, mode), name in CI_MODES[mode])
     for mode in ("strict", "compile") for name in zoo.ARCHS])
 def test_training_step_matches_cpu(name, mode):
-    """Strict eager and torch.compile(backend="pjrt"): logits, loss, gradients, and one
-    AdamW step's parameters."""
+    """Strict eager and torch.compile(backend="pjrt"): logits, loss and gradients."""
     arch = zoo.ARCHS[name]
     cpu, dev = zoo.pair(arch)
     kwargs = zoo.inputs(arch)
     forward = torch.compile(dev, backend="pjrt") if mode == "compile" else None
     with torch_pjrt.set_eager_mode("strict" if mode == "strict" else "fused"):
-        _check_step(arch, zoo.forward_backward(cpu, kwargs),
-                    zoo.forward_backward(dev, zoo.to(kwargs, "pjrt"), forward))
+        _check_step(zoo.forward_backward(cpu, kwargs),
+                    zoo.forward_backward(dev, zoo.to(kwargs, "pjrt"), forward),
+                    zoo.forward_backward(zoo.reference(cpu), zoo.to(kwargs, "cpu",
+                                                                      torch.float64)))
 
 
 @pytest.mark.parametrize("name,cache,how", [

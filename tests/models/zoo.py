@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: models come from configs
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -33,7 +33,6 @@ class Arch:
     inputs: Callable[[torch.Generator], dict]  # the model's keyword arguments, labels too
     generative: bool = False
     tied: tuple[str, str] | None = None  # two parameters the model ties (one object)
-    tolerance: dict = field(default_factory=lambda: {"atol": 1e-4, "rtol": 1e-4})
 
 
 def _causal_lm(config_cls, model_cls, **kw):
@@ -122,10 +121,24 @@ def inputs(arch: Arch, seed: int = 0) -> dict:
     return arch.inputs(torch.Generator().manual_seed(seed))
 
 
-def to(tree, device):
+def to(tree, device, dtype: torch.dtype | None = None):
+    """`tree`'s tensors on `device`; with `dtype`, its floating-point ones in that dtype."""
     if isinstance(tree, dict):
-        return {k: to(v, device) for k, v in tree.items()}
-    return tree.to(device) if isinstance(tree, torch.Tensor) else tree
+        return {k: to(v, device, dtype) for k, v in tree.items()}
+    if not isinstance(tree, torch.Tensor):
+        return tree
+    return tree.to(device, dtype) if dtype is not None and tree.is_floating_point() \
+        else tree.to(device)
+
+
+def reference(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of the CPU model: what the float32 runs of both devices are measured
+    against (tests/tolerance.py's assert_as_accurate)."""
+    ref = copy.deepcopy(model).double()
+    if getattr(ref.config, "_experts_implementation", None) is not None:
+        # the grouped matrix product of MoE layers takes no float64: the per-expert loop
+        ref.config._experts_implementation = "eager"
+    return ref
 
 
 def pair(arch: Arch, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -147,16 +160,22 @@ def forward_backward(model, kwargs: dict, forward: Callable | None = None):
     return out.logits.detach(), out.loss.detach(), grads
 
 
-def adamw_losses(model, kwargs: dict, steps: int, forward: Callable | None = None) -> list:
+def adamw_steps(model, kwargs: dict, steps: int, forward: Callable | None = None):
+    """The losses of `steps` AdamW steps, and how much the steps amplified rounding in each
+    parameter ({parameter: sensitivity}, tests/tolerance.py adamw_step_sensitivity)."""
+    from tolerance import adamw_step_sensitivity
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
+    losses, sensitivity = [], {}
     for _ in range(steps):
         opt.zero_grad()
         loss = (model if forward is None else forward)(**kwargs).loss
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    return [float(x) for x in losses]
+        for p, s in adamw_step_sensitivity(opt).items():
+            sensitivity[p] = sensitivity[p] + s if p in sensitivity else s
+    return [float(x) for x in losses], sensitivity
 
 
 def generate(model, kwargs: dict, new_tokens: int, cache: str) -> torch.Tensor:

@@ -57,11 +57,21 @@ def _variants(op: torch._ops.OpOverload):
             yield cand
 
 
+def _decomposes_above_autograd(op: torch._ops.OpOverload) -> bool:
+    """An op PyTorch decomposes before autograd (CompositeImplicitAutograd, no autograd
+    kernel of its own): a backend kernel for it would take the place of the decomposition
+    in autograd too, and its gradients would be lost (aten._convolution.deprecated's were:
+    None, with only a warning). The ops it decomposes into are lowered."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    name = op._schema.name + _suffix(op)
+    return has(name, "CompositeImplicitAutograd") and not has(name, "Autograd")
+
+
 def lowered_ops() -> list[torch._ops.OpOverload]:
     """Every overload the executor serves: lowered ops and their variants."""
     ops = []
     for op, lowering in registry.table().items():
-        if not lowering.eager:
+        if not lowering.eager or _decomposes_above_autograd(op):
             continue
         ops.append(op)
         if op.namespace == "aten":

@@ -31,7 +31,13 @@ def gelu(x, *, approximate="none"):
     if approximate == "tanh":
         inner = const(math.sqrt(2 / math.pi), x) * (x + const(0.044715, x) * x * x * x)
         return 0.5 * x * (1 + jnp.tanh(inner))
-    return x * 0.5 * (1 + jsp.erf(x * const(math.sqrt(0.5), x)))
+    return x * _normal_cdf(x)
+
+
+def _normal_cdf(x):
+    """Phi(x) as erfc(-x / sqrt 2) / 2: the form 1 + erf(x / sqrt 2) cancels to 0 below
+    x = -5.5 in float32 (gelu(-5.7) was -0 where its value is -1.1e-7), erfc does not."""
+    return 0.5 * jsp.erfc(-x * const(math.sqrt(0.5), x))
 
 
 @lower(aten.gelu_backward.default, promote="default")
@@ -44,7 +50,7 @@ def gelu_backward(grad, x, *, approximate="none"):
         left_derivative = 0.5 * (1 + t)
         right_derivative = 0.5 * x * (1 - t * t) * beta * (1 + 3 * kappa * x * x)
         return grad * (left_derivative + right_derivative)
-    cdf = 0.5 * (1 + jsp.erf(x * const(math.sqrt(0.5), x)))
+    cdf = _normal_cdf(x)
     pdf = jnp.exp(-0.5 * x * x) * const(1 / math.sqrt(2 * math.pi), x)
     return grad * (cdf + x * pdf)
 
@@ -75,14 +81,17 @@ def tanh_backward(grad, y):
     return grad * jnp.conj(1 - y * y)
 
 
-@lower(aten.threshold.default, promote="default")
+# The threshold and the value are the input's dtype, as in ATen's kernel: compared and
+# chosen in a float type, an int64 input above 2**24 came back rounded (2**31 - 1 as 2**31).
+@lower(aten.threshold.default, promote="default", operands=("self",))
 def threshold(x, threshold, value):
-    return jnp.where(x <= threshold, value, x)
+    return jnp.where(x <= jnp.asarray(threshold).astype(x.dtype),
+                     jnp.asarray(value).astype(x.dtype), x)
 
 
 @lower(aten.threshold_backward.default, promote="default", operands=("grad_output", "self"))
 def threshold_backward(grad, x, threshold):
-    return jnp.where(x <= threshold, zero(grad), grad)
+    return jnp.where(x <= jnp.asarray(threshold).astype(x.dtype), zero(grad), grad)
 
 
 @lower(aten.leaky_relu.default, promote="default")
