@@ -47,9 +47,14 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     """Each test starts from seed 0 and zeroed metrics (tests assert on fallback and
     compile counts, which must not carry over from earlier tests in the process), and
-    leaves the eager mode as it found it."""
-    from torch_pjrt.eager import modes
+    leaves the eager mode as it found it. Background compiles an earlier test queued are
+    dropped, and the finished ones taken into use, before the counters start."""
+    from torch_pjrt.eager import graph, modes
+    from torch_pjrt.runtime import compile_pool
 
+    compile_pool.cancel()
+    if graph._native is not None:
+        graph.take_compiled()
     torch.manual_seed(0)
     torch_pjrt.counters.reset()
     mode = modes.get()

@@ -13,20 +13,25 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "torch_pjrt"
 # Bottom layer first. A part is a subpackage or a top-level module of torch_pjrt; ""
 # is torch_pjrt/__init__.py itself, which imports every layer to start them.
 LAYERS = [
-    ("_compat", "_env", "counters", "logs"),  # torch-release differences, settings, metrics,
-    # loggers: plain Python for every layer
+    # torch-release differences, settings, metrics, loggers, import hooks: plain Python for
+    # every layer
+    ("_after_import", "_compat", "_env", "counters", "logs"),
     ("runtime",),
     ("storage",),
     ("lowering",),
     ("eager",),
     ("amp", "compile", "distributed", "kernels", "optim_step"),
     ("", "_autoload", "__main__", "cli", "conformance", "conformance_errors",
-     "conformance_known_failures", "demo", "profiler", "report"),
+     "conformance_known_failures", "demo", "precompile", "profiler", "report"),
     ("integrations",),  # glue for other libraries (Lightning...): imported by users only
 ]
 
 # (importing module, imported part): deliberate upward imports, each with its reason.
-EXCEPTIONS: dict[tuple[str, str], str] = {}
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("torch_pjrt", "integrations"): "import torch_pjrt installs the Trainer's default-device "
+    "hook (integrations/huggingface.py: an import hook that waits for transformers; it "
+    "imports no library)",
+}
 
 _RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 

@@ -1,4 +1,4 @@
-"""`python -m torch_pjrt <command>`: info, demo, ops (coverage), cache, report."""
+"""`python -m torch_pjrt <command>`: info, demo, ops (coverage), cache, report, precompile."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def ops(args: argparse.Namespace) -> int:
 
 
 def cache(args: argparse.Namespace) -> int:
-    """The persistent compile cache: info or clear."""
+    """The persistent compile cache: info, clear, export FILE or import FILE."""
     from . import cli
 
     return cli.run_cache(args)
@@ -41,12 +41,19 @@ def report(args: argparse.Namespace) -> int:
     return cli.run_report(args)
 
 
+def precompile(args: argparse.Namespace) -> int:
+    """Run a script's first steps to fill the compile cache (to export to other machines)."""
+    from .precompile import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import cli
 
     parser = argparse.ArgumentParser(prog="python -m torch_pjrt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for fn in (info, demo, ops, cache, report):
+    for fn in (info, demo, ops, cache, report, precompile):
         p = sub.add_parser(fn.__name__, help=fn.__doc__, description=fn.__doc__)
         p.set_defaults(func=fn)
         if fn is ops:
@@ -56,9 +63,15 @@ def main(argv: list[str] | None = None) -> int:
 
             add_arguments(p)
         elif fn is cache:
-            p.add_argument("action", choices=("info", "clear"))
+            p.add_argument("action", choices=("info", "clear", "export", "import"))
+            p.add_argument("file", nargs="?", help="export / import: the packed cache (a tar "
+                           "file; .gz or .tgz: compressed)")
         elif fn is report:
             cli.add_report_arguments(p)
+        elif fn is precompile:
+            from .precompile import add_arguments as add_precompile_arguments
+
+            add_precompile_arguments(p)
     args = parser.parse_args(argv)
     return args.func(args)
 

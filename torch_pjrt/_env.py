@@ -44,6 +44,22 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_FUSED_SPLIT_BACKWARD", "1", "Fused eager: 1: a backward pass starts by "
            "running the pending graph (the forward), so a training step is a forward and a "
            "backward program; 0: one graph across both (docs/xla-cpu-performance.md)."),
+    EnvVar("TORCH_PJRT_TIERED", "1", "Fused eager: 1: a graph whose fused program is not "
+           "compiled runs op by op on its ops' own programs where that is cheaper than "
+           "waiting for the compile, and the fused program compiles in the background once "
+           "the graph recurs; 0: every flush waits for its fused program "
+           "(docs/compile-cost.md)."),
+    EnvVar("TORCH_PJRT_FUSED_LOOPS", "1", "Fused eager: 1: a graph whose ops repeat over most "
+           "of it (a decode or training loop with no sync inside) is cut where the step "
+           "repeats, so that the step compiles once; 0: one program per graph "
+           "(docs/compile-cost.md)."),
+    EnvVar("TORCH_PJRT_QUICK_OPS", "1", "Fused eager on the cpu platform: 1: ops of a graph "
+           "run one by one (TORCH_PJRT_TIERED) that have no program yet get one compiled "
+           "quickly (LLVM unoptimized: 40% of the compile time; its results may differ from "
+           "the optimized program's by an ulp); 0: the optimized program strict mode runs."),
+    EnvVar("TORCH_PJRT_COMPILE_THREADS", "", "Programs compiled at once (op programs a "
+           "flush needs, side by side; fused programs in the background on one fewer); "
+           "empty: one per core."),
     EnvVar("TORCH_PJRT_DEBUG_COMPARE", "0", "Debug eager: also run every op on the CPU and raise "
            "at the first op whose result differs."),
     EnvVar("TORCH_PJRT_BUCKETS", "4", "torch.compile with dynamic sizes: pad each dynamic size "
@@ -60,6 +76,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("TORCH_PJRT_FUZZ_EXAMPLES", "300", "tests/fuzz: how many random programs the "
            "differential fuzz test runs (a fixed seed; the compiled test runs a tenth as "
            "many); more for a long sweep (docs/reliability.md)."),
+    EnvVar("TORCH_PJRT_PYTORCH_TESTS", "", "tools/pytorch_tests.py and its CI slice: "
+           "PyTorch's own test/ directory of the installed torch (not in the wheel; "
+           "docs/pytorch-tests.md says how to assemble it); empty: the slice is skipped."),
     EnvVar("TORCH_PJRT_CONV_PATCHES", "1", "On the cpu platform: 1: convolutions with a "
            "small output image (at most 64 positions) or few input values per patch (at "
            "most 32) run as one matrix product of their patches, where XLA:CPU's "

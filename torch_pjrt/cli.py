@@ -252,6 +252,8 @@ def run_cache(args: argparse.Namespace) -> int:
     from .compile import warm
     from .runtime import compile_cache
 
+    if args.action in ("export", "import"):
+        return _ship(args)
     if args.action == "clear":
         print(f"removed {compile_cache.clear()} entries from {compile_cache.directory()}")
         print(f"removed {warm.clear()} entries from {warm.directory()}")
@@ -265,6 +267,35 @@ def run_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ship(args: argparse.Namespace) -> int:
+    """cache export FILE / cache import FILE (runtime/cache_bundle.py)."""
+    from .runtime import cache_bundle, compile_cache
+
+    if not args.file:
+        print(f"cache {args.action}: give the file (python -m torch_pjrt cache {args.action} "
+              "FILE)", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "export":
+            done = cache_bundle.export(args.file)
+            print(f"exported {done['files']} files ({done['bytes'] / 1e6:.1f} MB) of "
+                  f"{compile_cache.root()} to {args.file}"
+                  + (f"; {done['skipped']} damaged or not this user's, left out"
+                     if done["skipped"] else ""))
+            print("key: " + ", ".join(f"{k}={v}" for k, v in done["key"].items()))
+            return 0
+        done = cache_bundle.import_(args.file)
+    except (cache_bundle.Mismatch, ValueError, RuntimeError, OSError) as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    print(f"imported {args.file} into {compile_cache.root()}: {done['added']} entries added, "
+          f"{done['present']} already there, {done['notes']} traced-op notes added"
+          + (f", {done['rejected']} files rejected" if done["rejected"] else ""))
+    for reason in done["reasons"][:10]:
+        print(f"  rejected {reason}", file=sys.stderr)
+    return 1 if done["rejected"] else 0
+
+
 # ------------------------------------------------------------------------ report
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the report to this file (default: stderr)")
@@ -274,26 +305,35 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def run_report(args: argparse.Namespace) -> int:
-    """Run the target as __main__, then write the report (also when it fails)."""
+def run_target(target: str, argv: list[str], module: bool,
+               stop: type[BaseException] | None = None) -> int:
+    """Run a script (or, with `module`, a module) as __main__ with these arguments; its
+    exit status (1 where it raised; 0 where it raised `stop`, a planned end)."""
     import runpy
     import traceback
 
+    sys.argv = [target, *argv]
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:
+        if stop is not None and isinstance(e, stop):
+            return 0
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Run the target as __main__, then write the report (also when it fails)."""
     import torch_pjrt
 
-    sys.argv = [args.target, *args.args]
-    status = 0
-    try:
-        if args.module:
-            runpy.run_module(args.target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
-            runpy.run_path(args.target, run_name="__main__")
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        status = 1
+    status = run_target(args.target, args.args, args.module)
     text = torch_pjrt.metrics.report()
     if args.out:
         with open(args.out, "w") as f:

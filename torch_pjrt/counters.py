@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -11,10 +12,13 @@ _HOT = ("cache_hits",)
 _counters: dict[str, int] = dict.fromkeys(_HOT, 0)
 _fallbacks: Counter = Counter()
 _compile_seconds: list[float] = [0.0]
+_seconds: dict[str, float] = {}  # durations by name (xla_compile_seconds, ...)
+_lock = threading.Lock()  # compile threads count too (runtime/compile_pool.py)
 
 
 def count(name: str, n: int = 1) -> None:
-    _counters[name] = _counters.get(name, 0) + n
+    with _lock:
+        _counters[name] = _counters.get(name, 0) + n
 
 
 def value(name: str) -> int:
@@ -27,13 +31,21 @@ def count_fallback(op_name: str) -> None:
 
 
 def add_compile_time(seconds: float) -> None:
-    _compile_seconds[0] += seconds
+    with _lock:
+        _compile_seconds[0] += seconds
+
+
+def add_seconds(name: str, seconds: float) -> None:
+    """Add to a duration counter (metrics() shows it under `name`, in seconds)."""
+    with _lock:
+        _seconds[name] = _seconds.get(name, 0.0) + seconds
 
 
 def metrics() -> dict[str, Any]:
     """A snapshot of every counter (see docs for their meaning)."""
     out: dict[str, Any] = {k: v for k, v in _counters.items() if v}
     out["compile_seconds"] = round(_compile_seconds[0], 6)
+    out.update({k: round(v, 6) for k, v in _seconds.items()})
     out["cpu_fallbacks"] = dict(_fallbacks)
     return out
 
@@ -52,3 +64,4 @@ def reset() -> None:
     _counters.update(dict.fromkeys(_HOT, 0))
     _fallbacks.clear()
     _compile_seconds[0] = 0.0
+    _seconds.clear()

@@ -112,20 +112,66 @@ def _per_step_syncs(watch):
 
 # --------------------------------------------------------------------- tables
 def _programs(m: dict, watch) -> list[str]:
+    from .runtime import sites
+
     progs = watch.programs()
     compiled = sum(p.compiles for p in progs)
     loaded = sum(p.loads for p in progs)
     seconds = sum(p.seconds for p in progs)
     out = [f"programs: {m.get('compiles', 0)} compiles ({compiled} by XLA, {loaded} from the "
            f"disk cache, {seconds:.2f} s), {m.get('recompiles', 0)} recompiles"]
+    out += compile_cost(m, watch)
     if progs:
         rows = sorted(progs, key=lambda p: -p.seconds)[:_SHOWN]
-        out.append(_table(["program", "compiles", "disk", "seconds", "step", "what"],
-                          [[p.name, p.compiles, p.loads, f"{p.seconds:.2f}", _step(p.step),
-                            _clip(p.title)] for p in rows]))
+        out.append(_table(["program", "compiles", "disk", "seconds", "ops", "size", "step",
+                           "at", "what"],
+                          [[p.name, p.compiles, p.loads, f"{p.seconds:.2f}", len(p.ops) or "",
+                            _bytes(p.nbytes) if p.nbytes is not None else "", _step(p.step),
+                            sites.text(p.site), _clip(p.title, 50)] for p in rows]))
         if len(progs) > _SHOWN:
             out.append(f"  ... and {len(progs) - _SHOWN} more")
     return out + [""]
+
+
+_BIG_GRAPH = 1000  # ops: a fused graph this long usually means no value was read for long
+
+
+def compile_cost(m: dict, watch) -> list[str]:
+    """Where the time went to making programs: XLA's compiles (and how much of that ran in
+    the background while the program went on), loads from the disk cache, and the slowest
+    program, with what made it slow."""
+    from .runtime import sites
+
+    xla, xla_s = m.get("xla_compiles", 0), m.get("xla_compile_seconds", 0.0)
+    disk, disk_s = m.get("disk_loads", 0), m.get("disk_load_seconds", 0.0)
+    if not xla and not disk:
+        return []
+    behind = m.get("background_compile_seconds", 0.0)
+    waited = xla_s + disk_s - behind
+    out = [f"compile time: {xla_s:.2f} s compiling {xla} program{'s' * (xla != 1)} with XLA, "
+           f"{disk_s:.2f} s loading {disk} from the disk cache; {behind:.2f} s of it in the "
+           f"background, {waited:.2f} s waited for"]
+    progs = watch.programs()
+    slowest = max(progs, key=lambda p: p.seconds, default=None)
+    if slowest is None or not slowest.seconds:
+        return out
+    size = f", {_bytes(slowest.nbytes)} compiled" if slowest.nbytes is not None else ""
+    how = "compiled" if slowest.compiles else "loaded from the disk cache"
+    out.append(f"  slowest: {slowest.name}, {slowest.seconds:.2f} s: {slowest.title}{size}; "
+               f"{how} at {sites.text(slowest.site)} (step {_step(slowest.step)})"
+               + _why(slowest))
+    return out
+
+
+def _why(p) -> str:
+    """What made a slow program big, where the report can tell."""
+    n = len(p.ops)
+    if p.kind == "graph" and n >= _BIG_GRAPH:
+        return (f". Its {n} ops ran as one program because no value was read between "
+                "them (a loop such as generate()'s records every step into one graph); "
+                "XLA's compile time grows with a program's size: reading a value sooner, "
+                "or TORCH_PJRT_FUSED_MAX_OPS, cuts it into programs that compile faster")
+    return ""
 
 
 def _recompiles(watch) -> list[str]:

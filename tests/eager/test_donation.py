@@ -6,12 +6,13 @@ import torch
 import torch.nn as nn
 
 import torch_pjrt
-from torch_pjrt.eager import graph
+from torch_pjrt.eager import tiers
 from torch_pjrt.runtime import compile_cache
 
 
 def _programs(monkeypatch) -> list:
-    """The (jitted, args) of every fused graph compiled from now on."""
+    """The (jitted, args) of every fused graph compiled from now on (each graph compiled
+    at its flush: no op-by-op runs before it, eager/tiers.py)."""
     seen = []
     real = compile_cache.compile
 
@@ -19,7 +20,8 @@ def _programs(monkeypatch) -> list:
         seen.append((jitted, args))
         return real(jitted, args, *rest, **kw)
 
-    monkeypatch.setattr(graph.compile_cache, "compile", compile)
+    monkeypatch.setattr(compile_cache, "compile", compile)
+    monkeypatch.setattr(tiers, "enabled", False)
     return seen
 
 
@@ -51,3 +53,24 @@ def test_fused_adamw_step_updates_parameters_and_state_in_place(monkeypatch):
     # and the step did update every parameter
     for b, p in zip(before, model.parameters()):
         assert not torch.equal(b, p.detach().cpu())
+
+
+def test_debug_mode_check_failure_leaves_the_written_tensor_usable():
+    # An in-place op donates its tensor's buffer; in debug mode its failed device check
+    # raised before the tensor got the new one, and every later synchronization failed
+    # ("called on deleted or donated buffer").
+    x = torch.zeros(6, dtype=torch.int64, device="pjrt")
+    x.scatter_(0, torch.tensor([2], dtype=torch.int32, device="pjrt"), 1)  # compiled once
+    with torch_pjrt.set_eager_mode("debug"):
+        y = torch.zeros(6, dtype=torch.int64, device="pjrt")
+        try:
+            y.scatter_(0, torch.tensor([-1], device="pjrt"), 1)
+        except RuntimeError as e:
+            assert "out of bounds" in str(e)
+        else:
+            raise AssertionError("a negative scatter index did not raise")
+        torch.pjrt.synchronize()
+        y.cpu()
+        z = torch.zeros(6, dtype=torch.int64, device="pjrt")
+        z.scatter_(0, torch.tensor([2], dtype=torch.int32, device="pjrt"), 1)
+        assert z.cpu().tolist() == [0, 0, 1, 0, 0, 0]

@@ -161,3 +161,16 @@ def test_bfloat16_norm_backward_that_only_the_cpu_kernel_refuses(norm):
     dev(xd).square().sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), xc.grad, atol=0.1, rtol=0.05)
     torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("mask", [[True], [False] * 6, "uint8 4x4"])
+@pytest.mark.parametrize("where", ["pjrt", "cpu"])
+def test_mask_of_another_shape_than_the_indexed_dimensions(mask, where):
+    # (PyTorch's test_indexing: it returned x[nonzero(mask)], shaped by the mask)
+    mask = torch.zeros(4, 4, dtype=torch.uint8) if mask == "uint8 4x4" else torch.tensor(mask)
+    x = torch.ones(5, 4, 3, device="pjrt")
+    for index in (mask.to(where), (slice(None), mask.to(where))):
+        with pytest.raises(IndexError, match="The shape of the mask"):
+            x[index]
+        with pytest.raises(IndexError, match="The shape of the mask"):
+            x[index] = 2.0

@@ -86,15 +86,15 @@ def test_a_failed_graph_leaves_its_tensors_without_value_and_the_rest_working(mo
     x = torch.arange(6.0).to("pjrt")
     with torch_pjrt.set_eager_mode("fused"):
         y = (x * 2).sin() + 1  # a graph of three ops: compiled at the read
-        real = compile_cache.compile
+        real = compile_cache.obtain  # (what loads or compiles every program)
 
         def failing(*args, **kwargs):
             raise RuntimeError("simulated XLA failure")
 
-        monkeypatch.setattr(compile_cache, "compile", failing)
+        monkeypatch.setattr(compile_cache, "obtain", failing)
         with pytest.raises(RuntimeError, match="simulated XLA failure"):
             y.cpu()
-        monkeypatch.setattr(compile_cache, "compile", real)
+        monkeypatch.setattr(compile_cache, "obtain", real)
         for use in (lambda: y.cpu(), lambda: (y + 1).cpu()):  # no stale value, no crash
             with pytest.raises(RuntimeError, match="has no value.*simulated XLA failure"):
                 use()

@@ -1,10 +1,13 @@
-"""Binary cross entropy (plain and with logits), smooth L1, Huber, soft margin, vs CPU."""
+"""Binary cross entropy (plain and with logits), smooth L1, Huber, soft margin, the margin
+losses over classes, CTC's target check, vs CPU."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_same, to_device
 from opinfo_diff import check_samples, fallbacks_of
+
+import torch_pjrt
 
 LOSS_OPS = ("cross_entropy", "l1_loss", "huber", "margin")
 REDUCTIONS = ["none", "mean", "sum"]
@@ -87,3 +90,82 @@ def test_half_precision():
 def test_opinfo_samples(name):
     assert check_samples(name) > 0
     assert not fallbacks_of(LOSS_OPS)
+
+
+# ------------------------------------------------------------------ margin losses over classes
+SCORES = torch.randn(3, 5)
+LABELS = torch.tensor([[3, 0, -1, 1, 4], [1, 2, 4, 0, -1], [-1, 2, 0, 0, 0]])  # -1 ends a row
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multi_margin(reduction, p):
+    t = torch.tensor([4, 0, 2])
+    _check(lambda x, y: F.multi_margin_loss(x, y, p=p, margin=0.7, reduction=reduction),
+           SCORES, t)
+    _check(lambda x, y, w: F.multi_margin_loss(x, y, p=p, weight=w, reduction=reduction),
+           SCORES, t, W)
+    _check(lambda x, y: F.multi_margin_loss(x, y, reduction=reduction), SCORES[0], t[:1])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multilabel_margin_targets_end_at_minus_one(reduction):
+    _check(lambda x, y: F.multilabel_margin_loss(x, y, reduction=reduction), SCORES, LABELS)
+    _check(lambda x, y: F.multilabel_margin_loss(x, y, reduction=reduction), SCORES[0],
+           LABELS[0])
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused", "debug", "compile"])
+@pytest.mark.parametrize("loss, target, error", [
+    (F.multi_margin_loss, torch.tensor([4, 5, 2]), "target out of range"),
+    (F.multi_margin_loss, torch.tensor([4, -1, 2]), "target out of range"),
+    (F.multi_margin_loss, torch.tensor([4, 1, 2], dtype=torch.int32), "scalar type Long"),
+    (F.multilabel_margin_loss, LABELS.clone().index_fill_(1, torch.tensor([4]), 5),
+     "'target' is out of range"),
+    (F.multilabel_margin_loss, LABELS - 1, "'target' is out of range"),  # -2 after a -1 too
+    (F.multilabel_margin_loss, LABELS.int(), "scalar type Long"),
+])
+def test_margin_losses_check_their_targets(mode, loss, target, error):
+    with pytest.raises(RuntimeError, match=error):
+        loss(SCORES, target)  # the CPU's error
+    x, t = to_device((SCORES, target))
+    with pytest.raises(RuntimeError, match=error):
+        if mode == "compile":
+            torch._dynamo.reset()
+            torch.compile(loss, backend="pjrt", fullgraph=True)(x, t).cpu()
+        else:
+            with torch_pjrt.set_eager_mode(mode):
+                loss(x, t).cpu()
+
+
+def test_margin_losses_compiled_keep_the_cpu_semantics():
+    # torch._decomp's decompositions, which torch.compile's tracing ran, count the targets
+    # after a -1 (the docs' example: 2.05 for 0.85)
+    x, y = torch.tensor([[0.1, 0.2, 0.4, 0.8]]), torch.tensor([[3, 0, -1, 1]])
+    torch._dynamo.reset()
+    got = torch.compile(F.multilabel_margin_loss, backend="pjrt")(*to_device((x, y)))
+    assert_same(got, F.multilabel_margin_loss(x, y))
+    _check(torch.compile(F.multilabel_margin_loss, backend="pjrt"), SCORES, LABELS)
+    _check(torch.compile(F.multi_margin_loss, backend="pjrt"), SCORES, torch.tensor([4, 0, 2]))
+
+
+@pytest.mark.parametrize("name", ["nn.functional.multi_margin_loss",
+                                  "nn.functional.multilabel_margin_loss"])
+def test_margin_opinfo_samples(name):
+    assert check_samples(name) > 0
+    assert not fallbacks_of(["multi_margin_loss.", "multilabel_margin_loss_forward"])
+
+
+# ------------------------------------------------------------------ CTC (runs on the CPU)
+def test_ctc_targets_outside_the_classes_raise():
+    # the CPU's kernel reads log_probs at each target label unchecked (garbage, not an error)
+    log_probs = torch.randn(12, 2, 5).log_softmax(2)
+    targets = torch.tensor([[1, 2, 3, 0], [4, 4, 1, 9]])  # 9 lies past row 1's length
+    lengths = ([12, 12], [3, 3])
+    expected = F.ctc_loss(log_probs, targets, *lengths)
+    assert_same(F.ctc_loss(*to_device((log_probs, targets)), *lengths), expected)
+    for bad in (5, -1):
+        t = targets.clone()
+        t[1, 0] = bad
+        with pytest.raises(RuntimeError, match=f"target {bad} is out of bounds for 5 classes"):
+            F.ctc_loss(*to_device((log_probs, t)), *lengths).cpu()

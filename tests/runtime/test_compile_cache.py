@@ -211,3 +211,30 @@ def test_a_warm_process_still_checks_results_nobody_reads(tmp_path):
                              text=True, timeout=300)
         assert out.returncode == 0, (run, out.stderr[-2000:])
     assert _counts(out.stdout)["hits"] > 0
+
+
+def test_an_edited_register_jax_kernel_gets_new_programs(tmp_path, monkeypatch):
+    # a kernel's code lives outside torch-pjrt: its file's hash joins the programs' key, so
+    # that an edited kernel (a plugin upgraded in place) never reuses a stale program
+    import importlib.util
+
+    import torch_pjrt  # noqa: F401 - the runtime
+    from torch_pjrt.runtime import compile_cache
+
+    def load(body: str):
+        path = tmp_path / "my_kernel.py"
+        path.write_text(f"def kernel(x):\n    return {body}\n")
+        spec = importlib.util.spec_from_file_location("my_kernel", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.kernel
+
+    monkeypatch.setattr(compile_cache, "_kernel_sources", dict(compile_cache._kernel_sources))
+    compile_cache.note_kernel_source(load("x * 2"))
+    first = compile_cache.digest(("a program",), 0)
+    compile_cache.note_kernel_source(load("x * 2"))
+    assert compile_cache.digest(("a program",), 0) == first  # the same code: the same key
+    compile_cache.note_kernel_source(load("x * 3"))
+    assert compile_cache.digest(("a program",), 0) != first
+    monkeypatch.undo()
+    compile_cache._prefix.cache_clear()  # the process's own kernels again

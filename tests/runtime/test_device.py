@@ -37,6 +37,15 @@ def test_device_module_and_accelerator():
     assert torch.pjrt.get_device_name().startswith("cpu")
 
 
+def test_host_allocator_pins_and_empties():
+    # vLLM calls torch.accelerator.empty_host_cache() at shutdown: it segfaulted without a
+    # host allocator registered for the device
+    pinned = torch.ones(4).pin_memory()
+    assert pinned.is_pinned()
+    torch.accelerator.empty_host_cache()
+    assert torch.ones(2, device="pjrt").sum().item() == 2.0
+
+
 def test_second_device_and_copies_between_devices():
     a = torch.arange(6.0).reshape(2, 3)
     d0 = a.to("pjrt:0")

@@ -19,6 +19,7 @@ def register() -> None:
 
     if _start_from_env not in client.before_start:
         client.before_start.append(_start_from_env)
+        client.count_hints.append(_count_from_env)
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True,
                                       devices=[runtime.DEVICE_TYPE])
@@ -28,6 +29,14 @@ def _start_from_env():
     from . import rendezvous
 
     return rendezvous.start_from_env()
+
+
+def _count_from_env() -> int | None:
+    """A torchrun job's device count before PJRT starts: one per process on this host."""
+    from . import rendezvous
+
+    w = rendezvous.world() or rendezvous.env_world()
+    return None if w is None else len(w.host_ranks)
 
 
 def _create(opts, backend_options=None) -> dist.ProcessGroup:

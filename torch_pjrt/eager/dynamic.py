@@ -7,6 +7,8 @@ bucket of that count, not per count.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 aten = torch.ops.aten
@@ -35,16 +37,32 @@ def nonzero(x: torch.Tensor) -> torch.Tensor:
 def _device_indices(x: torch.Tensor, indices) -> list:
     """Indices as the lowering takes them: on x's device (PyTorch takes CPU indices into a
     tensor on any device), and boolean (and uint8) masks as their nonzero coordinates."""
-    out = []
+    out, dim = [], 0
     for i in indices:
         if i is not None and i.device != x.device:
             i = i.to(x.device)
         if i is not None and i.dtype in _MASK_DTYPES:
+            if i.dtype == torch.uint8:  # (the CPU's and CUDA's warning, each call)
+                warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use "
+                              "a dtype torch.bool instead.", UserWarning, stacklevel=4)
+            _check_mask_shape(x, i, dim)
             coords = _coords(i)
             out.extend(coords.unbind(1) if i.dim() else [coords.reshape(-1)])
+            dim += i.dim()
         else:
             out.append(i)
+            dim += 1
     return out
+
+
+def _check_mask_shape(x: torch.Tensor, mask: torch.Tensor, dim: int) -> None:
+    """A mask indexing x from dimension `dim` must have the shape of those dimensions (the
+    CPU's IndexError; its nonzero coordinates would index past them, or fewer of them)."""
+    for j, n in enumerate(mask.shape):
+        if dim + j >= x.dim() or n != x.shape[dim + j]:
+            raise IndexError(f"The shape of the mask {list(mask.shape)} at index {j} does not "
+                             f"match the shape of the indexed tensor {list(x.shape)} at index "
+                             f"{dim + j}")
 
 
 _MASK_DTYPES = (torch.bool, torch.uint8)
@@ -80,11 +98,7 @@ def _one_bool_mask(x, indices):
             continue
         if mask is not None or i.dtype != torch.bool or i.device != x.device:
             return None
-        for j, n in enumerate(i.shape):
-            if n != x.shape[dim + j]:
-                raise IndexError(f"The shape of the mask {list(i.shape)} at index {j} does not "
-                                 f"match the shape of the indexed tensor {list(x.shape)} at "
-                                 f"index {dim + j}")
+        _check_mask_shape(x, i, dim)
         mask, dim = i, dim + i.dim()
     if mask is None:
         return None

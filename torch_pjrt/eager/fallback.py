@@ -16,7 +16,7 @@ from torch._decomp import decomposition_table
 
 from .. import _env, counters
 from ..runtime import watch
-from . import opspec
+from . import opspec, unchecked
 from .meta import refuse_dtypes
 
 _warned: set[str] = set()
@@ -56,6 +56,26 @@ def _pjrt_type() -> str:
     return torch._C._get_privateuse1_backend_name()
 
 
+def _check_written_devices(op, args: tuple, kwargs: dict, pjrt: str) -> None:
+    """An out= or in-place argument on another device than the call's pjrt tensors raises,
+    as the CPU's and CUDA's kernels raise (the CPU kernel run here would write it)."""
+    spec = opspec.spec(op)
+    if not spec.mutated:
+        return
+    values = opspec.normalize(spec, args, kwargs)
+    here = next((t.device for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                 if isinstance(t, torch.Tensor) and t.device.type == pjrt), None)
+    if here is None:
+        return
+    for pos in spec.mutated:
+        for t in torch.utils._pytree.tree_leaves(values[pos]):
+            if isinstance(t, torch.Tensor) and t.device.type != pjrt:
+                raise RuntimeError(
+                    f"{op}: Expected all tensors to be on the same device, but found at least "
+                    f"two devices, {here} and {t.device}! (the result argument "
+                    f"'{spec.args[pos].name}' is on {t.device})")
+
+
 def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
     name = str(op)
     if not _env.flag("TORCH_PJRT_CPU_FALLBACK"):
@@ -73,6 +93,7 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
             stacklevel=3,
         )
     pjrt = _pjrt_type()
+    _check_written_devices(op, args, kwargs, pjrt)
     device = None
     shared = _shared_storages((args, kwargs), pjrt)
     hosts: dict[tuple, torch.Tensor] = {}  # a shared storage's CPU copy, by (pointer, dtype)
@@ -107,10 +128,12 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
 
     cpu_args = [to_cpu(a) for a in args]
     cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    spec = opspec.spec(op)
+    if name in unchecked.CHECKS:
+        unchecked.CHECKS[name](opspec.normalize(spec, tuple(cpu_args), cpu_kwargs))
     out = op(*cpu_args, **cpu_kwargs)
 
     # Write mutated arguments back into the pjrt tensors they came from.
-    spec = opspec.spec(op)
     originals = opspec.normalize(spec, args, kwargs)
     copies = opspec.normalize(spec, tuple(cpu_args), cpu_kwargs)
     for pos in spec.mutated:

@@ -16,19 +16,15 @@ buffers the graph overwrites are donated.
 from __future__ import annotations
 
 import time
-import warnings
 
-import jax
 import numpy as np
 import torch
 
 from .. import _env, counters
 from ..lowering import checks
-from ..runtime import client, compile_cache, cpu_kernels, device_trace, watch
+from ..runtime import compile_pool, device_trace, watch
 from ..storage import table
-from . import recompiles
-
-warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+from . import loops, recompiles, schedule, tiers
 
 
 class Lazy:
@@ -94,6 +90,8 @@ def configure() -> None:
 
     max_ops = int(_env.get("TORCH_PJRT_FUSED_MAX_OPS") or 10000)
     split_backward = _env.flag("TORCH_PJRT_FUSED_SPLIT_BACKWARD")
+    tiers.configure()
+    loops.configure()
     memory.on_pressure = _note_pressure
     _native = runtime.shim()
 
@@ -188,40 +186,22 @@ def flush_reason() -> str | None:
 
 
 # ------------------------------------------------------------------ flushing
-class _Plan:
-    """A compiled graph: the jitted program and where its outputs go."""
-
-    __slots__ = ("jitted", "compiled", "name", "flag_nodes", "entries", "device")
-
-    def __init__(self, jitted, name: str, entries: list, device: int):
-        self.jitted = jitted
-        self.device = device
-        self.compiled = None
-        self.name = name  # the digest of the program in the persistent cache
-        self.entries = entries  # the op entry of each node, in order
-        self.flag_nodes: list[int] = []  # nodes whose entry returns check flags, in order
-
-    def __call__(self, *args):
-        if self.compiled is None:
-            self.compiled = compile_cache.compile(self.jitted, args, self.name, self.device,
-                                                  get_side=self._side, set_side=self._restore,
-                                                  drop=self._drop)
-        return self.compiled(*args)
-
-    def _drop(self) -> None:
-        """Let go of the program (compile_cache._hold): the next run loads it again."""
-        self.compiled = None
-
-    def _side(self):
-        return {p: self.entries[p].checks for p in self.flag_nodes}
-
-    def _restore(self, side: dict) -> None:
-        self.flag_nodes = sorted(side)
-        for p, entry_checks in side.items():
-            self.entries[p].set_checks(entry_checks)
+_plans: dict[tuple, schedule.Schedule] = {}  # graph structure -> how it runs
 
 
-_plans: dict[tuple, _Plan] = {}
+def take_compiled() -> None:
+    """Take the fused programs compiled in the background since the last flush into use."""
+    _native.lock_ops()
+    try:
+        compile_pool.poll()
+    finally:
+        _native.unlock_ops()
+
+
+def forget() -> None:
+    """Drop every graph's schedule and program (the next flushes load them from disk)."""
+    _plans.clear()
+    schedule.programs.clear()
 
 
 def flush(reason: str = "sync") -> None:
@@ -251,6 +231,7 @@ def _flush(reason: str) -> None:
     _device = None
     counters.count("flushes")
     counters.count(f"flushes.{reason}")
+    tiers.epoch += 1
     began = device_trace.now() if watch.profiling else 0
     try:
         _run_graph(nodes, records, superseded, device)
@@ -331,43 +312,27 @@ def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) 
     key = (tuple(wiring), tuple(outputs), tuple(donated), device,
            tuple(type(d) for d in dyn))
     plan = _plans.get(key)
-    miss = plan is None
-    if miss:
+    if plan is None:
         counters.count("graph_cache_misses")
         # The same sequence of ops with different inputs: a recompile worth telling.
         names = [e.name for e, _, _ in wiring]
         label = f"a fused graph of {len(names)} ops ({', '.join(names[:3])}, ...)"
         recompiles.note(tuple(names), tuple(e.signature for e, _, _ in wiring), label,
                         "fused", "op")
-        plan = _plans[key] = _build(wiring, outputs, len(inputs), donated, device, key[-1])
-        watch.describe(plan.name, "graph", label, [
-            (n.entry.name, n.entry.signature, watch.node_sites.get(id(n))) for n in kept])
+        plan = _plans[key] = schedule.plan(wiring, outputs, donated, len(inputs), device,
+                                           key[-1], key, kept)
     else:
         counters.count("graph_cache_hits")
-    order = donated + [i for i in range(len(inputs)) if i not in set(donated)]
-    start = time.perf_counter() if miss else 0.0
+    compile_pool.poll()  # fused programs compiled in the background since the last flush
     try:
-        if watch.profiling:
-            results = device_trace.launch(
-                plan, plan.name, device, [*[inputs[i] for i in order], *dyn],
-                [inputs[i] for i in donated],
-                [(n.entry.name, watch.node_sites.get(id(n))) for n in kept])
-        else:
-            results = plan(*[inputs[i] for i in order], *dyn)
+        values = plan.run(inputs, dyn, device, kept)
     except Exception as e:  # noqa: BLE001
         names = ", ".join(dict.fromkeys(n.entry.name for n in kept))
         raise RuntimeError(f"pjrt: a fused graph of {len(kept)} ops failed on the device "
                            f"(ops: {names}): {e}") from e
-    if miss:
-        counters.count("compiles")
-        counters.add_compile_time(time.perf_counter() - start)
-    values, flags = results
     for rec in records:
         lz = rec.value
         rec.value = values[out_index[(renumber[lz.node.position], lz.index)]]
-    for position, f in zip(plan.flag_nodes, flags):
-        entry = kept[position].entry
-        checks.defer(f, entry.checks, entry.name)
 
 
 def _run_alone(node: Node, records: list, superseded: dict) -> bool:
@@ -408,45 +373,6 @@ def _run_alone(node: Node, records: list, superseded: dict) -> bool:
     if entry.checks is not None:
         checks.defer(results[-1], entry.checks, entry.name)
     return True
-
-
-def _build(wiring, outputs, n_inputs: int, donated: list[int], device: int,
-           dyn_types: tuple) -> _Plan:
-    order = donated + [i for i in range(n_inputs) if i not in set(donated)]
-    stable = (tuple((entry.digest, refs, n) for entry, refs, n in wiring), tuple(outputs),
-              tuple(donated), n_inputs, dyn_types)
-    plan = _Plan(None, compile_cache.digest(stable, device), [w[0] for w in wiring], device)
-
-    def program(*flat):
-        placed = [None] * n_inputs
-        for i, v in zip(order, flat[:n_inputs]):
-            placed[i] = v
-        dyn = flat[n_inputs:]
-        d = 0
-        produced: list[tuple] = []
-        flags = []
-        plan.flag_nodes = []
-        for position, (entry, refs, n_dyn) in enumerate(wiring):
-            args = [None if r is None else
-                    placed[r] if type(r) is int else produced[r[0]][r[1]] for r in refs]
-            with jax.named_scope(f"{position}:{entry.name}"):  # names the HLO ops' origin
-                if entry.jaxpr is None:  # an op first seen in strict mode
-                    res = entry.trace(*args, *dyn[d:d + n_dyn])
-                else:
-                    # flat inputs as make_jaxpr saw them (None, here or in dyn, is no input)
-                    res = entry.jaxpr(*jax.tree.leaves((args, dyn[d:d + n_dyn])))
-            d += n_dyn
-            if entry.checks:
-                flags.append(res[-1])
-                plan.flag_nodes.append(position)
-            produced.append(res)
-        return tuple(produced[p][i] for p, i in outputs), tuple(flags)
-
-    sharding = jax.sharding.SingleDeviceSharding(client.device(device))
-    products = any(entry.products for entry, _, _ in wiring)
-    plan.jitted = jax.jit(cpu_kernels.rewrite(program, products), out_shardings=sharding,
-                          donate_argnums=tuple(range(len(donated))))
-    return plan
 
 
 def pending_ops() -> int:

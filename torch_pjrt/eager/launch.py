@@ -85,12 +85,14 @@ def run(spec: OpSpec, entry: Entry, recs: list, dyn: list, device: int, values,
             raise runtime_error(spec, e) from e
         if entry.checks is not None:
             checks.defer(results[-1], entry.checks, str(spec.op))
-        if modes.debug:
-            debug.after_op(spec, call, results)
     if entry.single:
         out = _new_tensor(*entry.outs[0], device, results[0])
     else:
         out = outputs(spec, entry, recs, device, values, results)
+    if not fused and modes.debug:
+        # after the written storages took their new buffers: the old ones were donated, and
+        # a check that raises here must not leave a tensor on a deleted buffer
+        debug.after_op(spec, call, results)
     if fused:
         reason = graph.flush_reason()
         if reason is not None:

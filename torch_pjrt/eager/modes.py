@@ -19,6 +19,9 @@ _current = "strict"
 
 
 def get() -> str:
+    """The eager mode; before PJRT starts, the one it will start in."""
+    if not _explicit and not _from_env:
+        return _env_mode()
     return _current
 
 
@@ -45,7 +48,7 @@ class set_eager_mode:  # noqa: N801 - a function that is also a context manager
 
     def __init__(self, mode: str):
         global _explicit
-        self.previous = _current
+        self.previous = get()  # (before PJRT starts: the mode it would start in)
         _explicit = True
         _apply(mode)
 
@@ -58,8 +61,15 @@ class set_eager_mode:  # noqa: N801 - a function that is also a context manager
 
 
 _explicit = False  # set_eager_mode was called: the environment no longer decides
+_from_env = False  # init_from_env ran (PJRT started)
+
+
+def _env_mode() -> str:
+    return _env.get("TORCH_PJRT_EAGER_MODE").strip().lower() or "fused"
 
 
 def init_from_env() -> None:
+    global _from_env
+    _from_env = True
     if not _explicit:
-        _apply(_env.get("TORCH_PJRT_EAGER_MODE").strip().lower() or "fused")
+        _apply(_env_mode())

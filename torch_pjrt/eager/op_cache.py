@@ -24,7 +24,7 @@ class Entry:
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
                  "targets", "written", "donate", "resize", "checks", "checked", "name",
                  "digest", "device", "signature", "values", "random", "call", "ordered",
-                 "alias_return", "products", "jaxpr", "alone")
+                 "alias_return", "products", "jaxpr", "alone", "quick")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -61,6 +61,9 @@ class Entry:
         # Runs as its own program in fused mode too: a torch.compile graph, already one
         # XLA program, cached and loaded apart from the eager code around it.
         self.alone = False
+        # The same program compiled quickly (compile_cache.quick_options), for fused
+        # graphs run op by op until their program is compiled (eager/tiers.py).
+        self.quick: _Launcher | None = None
 
     def set_checks(self, checks: list | None) -> None:
         """Device-side checks of a program loaded from disk (tracing would have found them)."""
@@ -197,17 +200,33 @@ def _refuse_resizing_an_input(spec, values: list, resize: list) -> None:
                 "tensor before performing the operation.")
 
 
+def quick(entry: Entry) -> _Launcher:
+    """The entry's program compiled quickly (its own one where that is all there is, and
+    for random ops: their draws are the same bits in every program that makes them)."""
+    if entry.quick is None:
+        options = compile_cache.quick_options()
+        if not options or entry.random:
+            entry.quick = entry.fn
+        else:
+            digest = compile_cache.digest((entry.digest, options), entry.device)
+            entry.quick = _Launcher(entry.fn.jitted, entry.fn.order, entry, digest, options)
+    return entry.quick
+
+
 class _Launcher:
     """Calls a compiled op with its storage buffers (donated ones first) and run-time
     scalars; the first call compiles it (or loads it from the persistent cache)."""
 
-    __slots__ = ("jitted", "order", "compiled", "name", "entry")
+    __slots__ = ("jitted", "order", "compiled", "name", "entry", "options")
 
-    def __init__(self, jitted, order: list[int] | None, entry: Entry):
+    def __init__(self, jitted, order: list[int] | None, entry: Entry, name: str = "",
+                 options: dict | None = None):
         self.jitted = jitted
         self.order = order
         self.compiled = None
         self.entry = entry
+        self.name = name  # the program's digest: the entry's, or its quick program's
+        self.options = options  # XLA compiler options (the quick program's)
 
     def __call__(self, recs: list, dyn: list):
         compiled = self.compiled
@@ -224,18 +243,39 @@ class _Launcher:
     def drop(self) -> None:
         """Let go of the program (compile_cache._hold): the next launch loads it again."""
         self.compiled = None
-        self.entry.call = None
+        if self.options is None:
+            self.entry.call = None
 
     def launch(self, args: list, dyn: list):
         """The program on the buffers already in its argument order (Entry.order)."""
         if self.compiled is None:
-            entry = self.entry
+            self.take(self.obtain(args, dyn)())
+        return self.compiled(*args, *dyn)
+
+    def obtain(self, args: list, dyn: list):
+        """A work that loads or compiles the program for arguments like these, touching
+        nothing else (runtime/compile_pool.py runs it on a compile thread); take() its
+        result."""
+        entry = self.entry
+        jitted, flat, name, options = self.jitted, (*args, *dyn), self.digest, self.options
+        return lambda: compile_cache.obtain(jitted, flat, name, entry.device,
+                                            get_side=lambda: entry.checks, options=options)
+
+    @property
+    def digest(self) -> str:
+        return self.name or self.entry.digest
+
+    def take(self, built) -> None:
+        """Use the program obtain()'s work gave."""
+        entry = self.entry
+        if self.options is None:
             watch.describe_entry(entry.digest, entry.name, entry.signature)
             if not entry.alone:  # (a torch.compile graph notes its own recompiles)
                 recompiles.note_op(entry.name, entry.signature)
-            self.compiled = compile_cache.compile(
-                self.jitted, (*args, *dyn), entry.digest, entry.device,
-                get_side=lambda: entry.checks, set_side=entry.set_checks, drop=self.drop)
-            if self.order is None:
-                entry.call = self.compiled
-        return self.compiled(*args, *dyn)
+        else:
+            watch.describe(self.digest, "op", f"{entry.signature} (quick)",
+                           [(entry.name, entry.signature, None)])
+        self.compiled = compile_cache.finish(built, self.digest, set_side=entry.set_checks,
+                                             drop=self.drop)
+        if self.order is None and self.options is None:
+            entry.call = self.compiled

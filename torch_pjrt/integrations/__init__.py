@@ -1,2 +1,3 @@
-"""Glue for libraries that choose a device themselves (Lightning...): imported by the user,
-never by torch_pjrt's core."""
+"""Glue between torch-pjrt and other libraries (Hugging Face, Lightning...), on top of every
+layer: each module is one library's way to take a third-party device. The core imports none
+of it; the package's import installs only the Trainer's import hook."""

@@ -16,6 +16,7 @@ from .. import runtime
 from ..lowering import apply, registry
 from ..lowering.kinds import GENERATOR, SCALAR
 from ..lowering.kinds import of as kind_of
+from ..runtime import compile_cache
 from ..storage import dtypes
 from . import fake, library, pallas
 
@@ -30,6 +31,7 @@ def install(op: library.OpOverload, fn: Callable) -> None:
                          f"({registry.get(op).fn.__module__}.{registry.get(op).fn.__qualname__})")
     args = op._schema.arguments
     statics = [a.name for a in args if kind_of(a.type) == SCALAR]
+    compile_cache.note_kernel_source(fn)  # an edited kernel: new programs
     registry.lower(op, static=statics)(_checked(op, pallas.interpreting(fn)))
     if runtime._initialized:  # else the executor's start registers every lowered op
         from ..eager import dispatch

@@ -12,13 +12,22 @@ Inside a torch.compile graph the op is the graph's node (`op_scope`).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import jax.numpy as jnp
 from jax import lax
 
-_tracing: list | None = None  # the checks of the program being traced
-_op: str | None = None  # the op being traced inside a larger program (a compiled graph)
+
+class _Tracing(threading.local):
+    """What the thread is tracing: programs are traced on the user's thread and on the
+    compile threads (runtime/compile_pool.py) at once."""
+
+    checks: list | None = None  # the checks of the program being traced
+    op: str | None = None  # the op being traced inside a larger program (a compiled graph)
+
+
+_state = _Tracing()
 
 
 class CheckCollector:
@@ -29,14 +38,12 @@ class CheckCollector:
         self.checks: list[tuple] = []
 
     def __enter__(self):
-        global _tracing
-        self._prev = _tracing
-        _tracing = self.checks
+        self._prev = _state.checks
+        _state.checks = self.checks
         return self
 
     def __exit__(self, *exc):
-        global _tracing
-        _tracing = self._prev
+        _state.checks = self._prev
         return False
 
     def infos(self) -> list[tuple] | None:
@@ -58,12 +65,11 @@ class CheckCollector:
 @contextlib.contextmanager
 def op_scope(name: str) -> Iterator[None]:
     """Checks recorded inside name the op `name` (a node of a compiled graph)."""
-    global _op
-    prev, _op = _op, name
+    prev, _state.op = _state.op, name
     try:
         yield
     finally:
-        _op = prev
+        _state.op = prev
 
 
 def require(ok, error: type[Exception], message: str, *values) -> None:
@@ -72,7 +78,8 @@ def require(ok, error: type[Exception], message: str, *values) -> None:
     `message` may contain `{0}`, `{1}`, ...: the element of each of `values` (arrays
     broadcastable with `ok`, or numbers) at the first position where `ok` fails, written
     as PyTorch's C++ messages write them (a float to 6 significant digits)."""
-    if _tracing is None:
+    tracing = _state.checks
+    if tracing is None:
         return
     ok = jnp.asarray(ok)
     bad = jnp.logical_not(jnp.all(ok))
@@ -89,7 +96,7 @@ def require(ok, error: type[Exception], message: str, *values) -> None:
         if floating:  # its float32 bits (float64 is not every device's)
             first = lax.bitcast_convert_type(first.astype(jnp.float32), jnp.int32)
         shown.append(first.astype(jnp.int64))
-    _tracing.append((bad, shown, kinds, error, message, _op))
+    tracing.append((bad, shown, kinds, error, message, _state.op))
 
 
 _SCALAR_TYPE_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short",
@@ -122,6 +129,33 @@ def index_in_range(index, size: int, dim: int):
     require((index >= -size) & (index < size), IndexError,
             f"index {{0}} is out of bounds for dimension {dim} with size {size}", index)
     return jnp.where(index < 0, index + size, index)
+
+
+def index_nonnegative(index, size: int, error: type[Exception], message: str):
+    """Require 0 <= index < size: the ops whose CPU and CUDA kernels take no negative index
+    (gather, scatter, index_add, index_copy, index_select, index_reduce). `message` may name the
+    index as {0}."""
+    require((index >= 0) & (index < size), error, message, index)
+    return index
+
+
+def expect_dtype(x, dtype=jnp.int64) -> None:
+    """Raise the CPU's and CUDA's error for an argument their kernel reads as one dtype only
+    (`data_ptr<int64_t>()`: the targets of the margin losses, max pooling's indices, a
+    loss's weight of another dtype than its input). Raised while tracing: the dtype is known
+    before the data."""
+    dtype = jnp.dtype(dtype)
+    if x.dtype != dtype:
+        raise RuntimeError(f"expected scalar type {type_name(dtype)} but found "
+                           f"{type_name(x.dtype)}")
+
+
+def index_dtype(index, accepted: tuple, error: type[Exception], message: str) -> None:
+    """Raise `error(message)` where the index's dtype is not one of `accepted`, as the CPU's
+    and CUDA's kernels check before they read it (`message` may name the dtype as {0}:
+    Short, Float). Raised while tracing, so compiled graphs check it as eager calls do."""
+    if index.dtype not in tuple(jnp.dtype(a) for a in accepted):
+        raise error(message.replace("{0}", type_name(index.dtype)))
 
 
 # ---------------------------------------------------------------- pending

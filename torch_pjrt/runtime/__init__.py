@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -45,7 +46,9 @@ def register() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
         _native = load()
-        _native.install(_device_count, _free, _synchronize)
+        from . import memory
+
+        _native.install(_device_count, _known_count, _free, _synchronize, memory)
         from . import device_trace, dumps
 
         device_trace.install(_native)  # torch.profiler's pjrt activity
@@ -63,6 +66,26 @@ def _device_count() -> int:
     return client.device_count()
 
 
+def available() -> bool:
+    """Whether a pjrt device exists, said without starting PJRT where the settings decide
+    it (client.known_count); otherwise PJRT starts to count."""
+    from . import client
+
+    n = client.known_count()
+    if n is not None:
+        return n > 0
+    try:
+        return _device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def _known_count() -> int | None:
+    from . import client
+
+    return client.known_count()
+
+
 def _free(ptr: int) -> None:
     """Until PJRT starts no storage holds a buffer; then the table's own free is used."""
 
@@ -76,6 +99,18 @@ def _synchronize(device: int) -> None:
 def _first_use(op, *args, **kwargs):
     ensure_initialized()
     return op(*args, **kwargs)
+
+
+def _check_count_given(given: int, count: int) -> None:
+    """The autograd engine made one worker per device when it asked the count before PJRT
+    started: a backward pass on a device past that count would fail inside PyTorch."""
+    if 0 <= given < count:
+        warnings.warn(
+            f"torch_pjrt: PJRT started with {count} devices, but {given} was the count "
+            "given before it started (from the settings: XLA_FLAGS, jax_num_cpu_devices, "
+            "torchrun's variables, which changed since); a backward pass on pjrt:"
+            f"{given} or above may fail: settle them before the first backward pass",
+            RuntimeWarning, stacklevel=2)
 
 
 def on_initialize(step: Callable[[], None]) -> None:
@@ -115,3 +150,7 @@ def ensure_initialized() -> None:
         for step in _steps:
             step()
         _initialized = True
+        _check_count_given(_native.mark_started(client.device_count()), client.device_count())
+        from . import device_module
+
+        device_module.apply_queued_seeds()

@@ -229,21 +229,26 @@ def read(path: str, root: str, what: str, counter: str, magic: bytes | None = No
         os.close(fd)
     if magic is None:
         return blob
+    payload, reason = unpack(blob, magic)
+    if reason is not None:
+        damaged(path, what, counter, reason)
+    return payload
+
+
+def unpack(blob: bytes, magic: bytes) -> tuple[bytes | None, str | None]:
+    """(the payload of a file write() wrote with `magic`, None), or (None, what is wrong
+    with it)."""
     if len(blob) < _HEADER.size:
-        damaged(path, what, counter, f"cut short at {len(blob)} bytes")
-        return None
+        return None, f"cut short at {len(blob)} bytes"
     found, length, checksum = _HEADER.unpack_from(blob)
     payload = blob[_HEADER.size:]
     if found != magic:
-        reason = "not an entry of this kind"
-    elif length != len(payload):
-        reason = f"{len(payload)} bytes of {length}"
-    elif hashlib.sha256(payload).digest() != checksum:
-        reason = "bad checksum"
-    else:
-        return payload
-    damaged(path, what, counter, reason)
-    return None
+        return None, "not an entry of this kind"
+    if length != len(payload):
+        return None, f"{len(payload)} bytes of {length}"
+    if hashlib.sha256(payload).digest() != checksum:
+        return None, "bad checksum"
+    return payload, None
 
 
 def _read_all(fd: int, size: int) -> bytes:

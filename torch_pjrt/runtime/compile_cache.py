@@ -2,9 +2,11 @@
 
 Each program (one op in strict mode, one graph in fused mode, one graph under
 torch.compile) has a digest of its cache key plus everything else that shapes
-the program: the torch, jax and torch-pjrt versions (torch-pjrt by a hash of its
-sources), the platform and device kind. A warm process deserializes the
-executable instead of tracing, lowering and compiling it.
+the program (platform_key()): the torch, jax and torch-pjrt versions (torch-pjrt by
+a hash of its sources), the platform, device kind and count, the compiler's flags and,
+on the CPU, the processor's instruction set. A warm process deserializes the
+executable instead of tracing, lowering and compiling it; a cache packed by
+runtime/cache_bundle.py carries the same key to other machines.
 
 Entries are written to a temporary file and renamed into place, so readers in
 other processes never see a partial entry; a damaged entry (unreadable, bad magic,
@@ -20,6 +22,7 @@ import functools
 import hashlib
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,8 +30,8 @@ from typing import Any
 from .. import _env, counters
 from . import cache_files, device_trace, dumps, watch
 
-_MAGIC = b"TPJRTXC1"
-_SUFFIX = ".xc"
+MAGIC = b"TPJRTXC1"
+SUFFIX = ".xc"
 
 _total_bytes: int | None = None  # this process's running estimate of the cache size
 
@@ -75,11 +78,39 @@ def _source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+# register_jax kernels' code (outside torch-pjrt) by the hash of the file defining each
+_kernel_sources: dict[str, str] = {}
+
+
+def note_kernel_source(fn: Callable) -> None:
+    """A registered JAX kernel's code shapes the programs that call it: the hash of the
+    file that defines `fn` joins every program's digest, so that an edited kernel never
+    reuses a program compiled from its old code (code it imports from other files is not
+    covered). A function without a readable file (built at run time) counts by its name."""
+    import inspect
+
+    fn = inspect.unwrap(fn)
+    try:
+        path = inspect.getsourcefile(fn) or ""
+        with open(path, "rb") as f:
+            text = f.read()
+    except (TypeError, OSError):
+        path, text = "", repr(fn).encode()
+    name = f"{getattr(fn, '__module__', '')}:{os.path.basename(path)}"
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    if _kernel_sources.get(name) != digest:
+        _kernel_sources[name] = digest
+        _prefix.cache_clear()
+
+
 _COMPILER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "NEURON_CC_FLAGS")
 
 
 @functools.cache
-def _prefix(device_index: int) -> str:
+def platform_key(device_index: int = 0) -> dict[str, str]:
+    """Everything besides a program's own code that decides whether a stored program may
+    run here: versions, torch-pjrt's sources, the device, the compiler's flags. Part of
+    every entry's digest, and the key a shipped cache carries (runtime/cache_bundle.py)."""
     import jax
     import jaxlib
     import torch
@@ -87,14 +118,41 @@ def _prefix(device_index: int) -> str:
     from . import client, cpu_kernels
 
     d = client.device(device_index)
+    parts = {"torch": torch.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+             "src": _source_hash(), "platform": d.platform, "kind": d.device_kind,
+             "devices": str(client.device_count())}
     # compiler options given through the environment change the program XLA builds
-    flags = ";".join(f"{v}={os.environ.get(v, '')}" for v in _COMPILER_ENV)
-    flags += f";cpu_kernels={cpu_kernels.available()}"  # custom calls in the programs
+    parts.update({v: os.environ.get(v, "") for v in _COMPILER_ENV})
+    parts["cpu_kernels"] = str(cpu_kernels.available())  # custom calls in the programs
     # lowerings that pick another formulation by a switch (convolutions as patches)
-    flags += f";conv_patches={_env.flag('TORCH_PJRT_CONV_PATCHES')}"
-    return (f"torch={torch.__version__};jax={jax.__version__};jaxlib={jaxlib.__version__};"
-            f"src={_source_hash()};platform={d.platform};kind={d.device_kind};"
-            f"devices={client.device_count()};{flags};")
+    parts["conv_patches"] = str(_env.flag("TORCH_PJRT_CONV_PATCHES"))
+    if _kernel_sources:  # register_jax kernels (their files' hashes)
+        parts["kernels"] = ",".join(f"{k}={v}" for k, v in sorted(_kernel_sources.items()))
+    if d.platform == "cpu":  # XLA:CPU compiles for this processor's instruction set
+        parts["host"] = _host_cpu()
+    return parts
+
+
+def _host_cpu() -> str:
+    """The processor's architecture and a hash of its feature flags: a program compiled
+    for one x86 machine's instructions (AVX-512, say) must not run on another's."""
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                    break
+    except OSError:
+        flags = platform.processor()
+    return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+
+
+@functools.cache
+def _prefix(device_index: int) -> str:
+    return "".join(f"{k}={v};" for k, v in platform_key(device_index).items())
 
 
 def digest(key: Any, device_index: int) -> str:
@@ -104,8 +162,22 @@ def digest(key: Any, device_index: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@functools.cache
+def quick_options() -> dict:
+    """XLA options for programs compiled to run soon rather than fast (eager/tiers.py's op
+    programs while a fused program compiles): on XLA:CPU, LLVM without optimization and
+    the older loop emitters compile an op's program in 40% of the time (measured:
+    docs/compile-cost.md); {} elsewhere (not measured there) and with
+    TORCH_PJRT_QUICK_OPS=0. Read once per process."""
+    from . import client
+
+    if client.platform() != "cpu" or not _env.flag("TORCH_PJRT_QUICK_OPS"):
+        return {}
+    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+
 def _path(name: str) -> str:
-    return os.path.join(directory(), name[:2], name + _SUFFIX)
+    return os.path.join(directory(), name[:2], name + SUFFIX)
 
 
 @functools.cache
@@ -121,12 +193,12 @@ def _prepare_custom_calls() -> None:
 
 
 def load(name: str, device: int):
-    """(executable, side info) stored under `name`, or None (missing or damaged: then
-    recompiled)."""
+    """(executable, side info, bytes on disk) stored under `name`, or None (missing or
+    damaged: then recompiled)."""
     if not enabled():
         return None
     path = _path(name)
-    payload = cache_files.read(path, root(), "program", "disk_cache", _MAGIC)
+    payload = cache_files.read(path, root(), "program", "disk_cache", MAGIC)
     if payload is None:
         counters.count("disk_cache_misses")
         return None
@@ -151,26 +223,28 @@ def load(name: str, device: int):
         os.utime(path)  # most recently used
     except OSError:
         pass
-    return compiled, side
+    return compiled, side, len(payload)
 
 
-def store(name: str, compiled, side: Any = None) -> None:
+def store(name: str, compiled, side: Any = None) -> int | None:
     """Write `compiled` (and `side`, what tracing learned that the program does not say,
     e.g. which outputs are device-side check flags) under `name` atomically; evict old
-    entries past the size limit."""
+    entries past the size limit. Returns the program's size serialized (None: not
+    serialized)."""
     if not enabled() or not cache_files.writable(root()):
-        return
+        return None
     try:
         from jax.experimental.serialize_executable import serialize
 
         payload = pickle.dumps((serialize(compiled), side), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - some executables cannot be serialized: skip them
         counters.count("disk_cache_unserializable")
-        return
-    if not cache_files.write(_path(name), root(), _MAGIC, payload):
-        return
+        return None
+    if not cache_files.write(_path(name), root(), MAGIC, payload):
+        return len(payload)
     counters.count("disk_cache_writes")
     _account(len(payload))
+    return len(payload)
 
 
 def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side=None,
@@ -181,27 +255,63 @@ def compile(jitted, args: tuple, name: str, device: int, get_side=None, set_side
     set_side(info) restores it when the program comes from disk instead. drop() makes the
     caller let go of the program (it compiles it again, from disk, at its next use): called
     when the process holds too many programs (see _hold)."""
+    return finish(obtain(jitted, args, name, device, get_side), name, set_side, drop)
+
+
+class Built:
+    """A program obtain() loaded or compiled, for finish() to take into use."""
+
+    __slots__ = ("compiled", "side", "source", "seconds", "lowered", "began", "jitted", "args",
+                 "nbytes")
+
+    def __init__(self, compiled, side, source: str, seconds: float, lowered, began: int,
+                 jitted, args: tuple, nbytes: int | None):
+        self.compiled = compiled
+        self.side = side
+        self.source = source  # "disk" or "compiled"
+        self.seconds = seconds
+        self.lowered = lowered
+        self.began = began
+        self.jitted = jitted
+        self.args = args
+        self.nbytes = nbytes  # its size serialized (None: not serialized)
+
+
+def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
+           build: bool = True, options: dict | None = None) -> Built | None:
+    """`jitted` for `args` (arrays or their avals) from the disk cache, else compiled by
+    XLA (with these compiler `options`, which `name` must reflect) and stored; None where
+    it is not on disk and `build` is false. Safe on a compile thread
+    (runtime/compile_pool.py): it changes only counters and files."""
     start = time.perf_counter()
     began = device_trace.now() if watch.profiling else 0
-    lowered = None
     found = load(name, device)
     if found is not None:
-        compiled, side = found
-        if set_side is not None:
-            set_side(side)
-    else:
-        lowered = jitted.lower(*args)
-        compiled = lowered.compile()
-        store(name, compiled, get_side() if get_side is not None else None)
-    source = "disk" if found is not None else "compiled"
-    program = watch.compiled(name, source, time.perf_counter() - start)
+        return Built(found[0], found[1], "disk", time.perf_counter() - start, None, began,
+                     jitted, args, found[2])
+    if not build:
+        return None
+    lowered = jitted.lower(*args)
+    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+    side = get_side() if get_side is not None else None
+    nbytes = store(name, compiled, side)
+    return Built(compiled, side, "compiled", time.perf_counter() - start, lowered, began,
+                 jitted, args, nbytes)
+
+
+def finish(built: Built, name: str, set_side=None, drop: Callable[[], None] | None = None):
+    """A program obtain() gave, taken into use on the user's thread: its side info
+    restored (from disk), noted for the metrics, dumps and profiles; its entry point."""
+    if built.source == "disk" and set_side is not None:
+        set_side(built.side)
+    program = watch.compiled(name, built.source, built.seconds, built.nbytes)
     if watch.dumping:
-        dumps.write(program, compiled, lowered or jitted.lower(*args))
-    if began:
-        device_trace.compiled(program, began, source)
+        dumps.write(program, built.compiled, built.lowered or built.jitted.lower(*built.args))
+    if built.began:
+        device_trace.compiled(program, built.began, built.source)
     if drop is not None:
         _hold(drop)
-    return _entry_point(compiled)
+    return _entry_point(built.compiled)
 
 
 # ------------------------------------------------------------------ live programs
@@ -253,17 +363,27 @@ def _entry_point(compiled):
 
 # ------------------------------------------------------------------ eviction
 def _entries() -> list[tuple[float, int, str]]:
-    return cache_files.entries(directory(), _SUFFIX)
+    return cache_files.entries(directory(), SUFFIX)
+
+
+_size_lock = threading.Lock()  # programs are stored from compile threads too
 
 
 def _account(nbytes: int) -> None:
     global _total_bytes
-    if _total_bytes is None:
-        _total_bytes = sum(size for _, size, _ in _entries())
-    else:
-        _total_bytes += nbytes
-    if _total_bytes > max_bytes():
-        evict(int(max_bytes() * 0.8))
+    with _size_lock:
+        if _total_bytes is None:
+            _total_bytes = sum(size for _, size, _ in _entries())
+        else:
+            _total_bytes += nbytes
+        if _total_bytes > max_bytes():
+            evict(int(max_bytes() * 0.8))
+
+
+def forget_size() -> None:
+    """Entries were added from outside this process's writes (an import): count again."""
+    global _total_bytes
+    _total_bytes = None
 
 
 def evict(target_bytes: int) -> int:

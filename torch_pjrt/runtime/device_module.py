@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -13,7 +14,9 @@ __all__ = [
     "manual_seed", "manual_seed_all", "seed",
     "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all",
     "set_rng_state_all", "default_generators", "memory_allocated", "max_memory_allocated",
-    "reset_peak_memory_stats", "memory_stats", "memory_reserved", "empty_cache",
+    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "memory_stats",
+    "memory_reserved", "max_memory_reserved", "mem_get_info", "empty_cache",
+    "get_device_capability",
     "get_amp_supported_dtype", "is_bf16_supported", "Stream", "Event", "current_stream",
     "default_stream", "stream",
 ]
@@ -36,10 +39,10 @@ def _index(device: Any = None) -> int:
 
 
 def is_available() -> bool:
-    try:
-        return device_count() > 0
-    except RuntimeError:
-        return False
+    """Whether a pjrt device exists (PJRT starts only if it must to say: runtime.available)."""
+    from .. import runtime
+
+    return runtime.available()
 
 
 def is_initialized() -> bool:
@@ -133,22 +136,49 @@ def _generator(device: Any = None) -> torch.Generator:
     return _runtime().shim().default_generator(_index(device))
 
 
+# Seeding before PJRT has started waits for it (as torch.cuda's seeding waits for CUDA):
+# torch.manual_seed() seeds every device, and a CPU-only script, or each DataLoader worker,
+# must not start PJRT by seeding the CPU.
+_queued: list[Callable[[], None]] = []
+
+
+def _seed_when_started(step: Callable[[], None]) -> None:
+    from .. import runtime
+
+    if runtime._initialized:
+        step()
+    else:
+        _queued.append(step)
+
+
+def apply_queued_seeds() -> None:
+    """Run the seeding asked for before PJRT started (runtime.ensure_initialized does)."""
+    while _queued:
+        _queued.pop(0)()
+
+
+def _thread_device() -> int:
+    from .. import runtime
+
+    return runtime.shim().current_device()  # (starts nothing)
+
+
 def manual_seed(seed: int) -> None:
-    _generator().manual_seed(int(seed))
+    index = _thread_device()
+    _seed_when_started(lambda: _generator(index).manual_seed(int(seed)))
 
 
 def manual_seed_all(seed: int) -> None:
-    for g in default_generators():
-        g.manual_seed(int(seed))
+    _seed_when_started(lambda: [g.manual_seed(int(seed)) for g in default_generators()])
 
 
 def seed() -> None:
-    _generator().seed()
+    index = _thread_device()
+    _seed_when_started(lambda: _generator(index).seed())
 
 
 def seed_all() -> None:
-    for g in default_generators():
-        g.seed()
+    _seed_when_started(lambda: [g.seed() for g in default_generators()])
 
 
 def initial_seed() -> int:
@@ -173,44 +203,105 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 
 
 # -------------------------------------------------------------------- memory
-def memory_allocated(device: Any = None) -> int:
-    """Bytes held by live pjrt storages on the device."""
-    _runtime()
+# As torch.cuda's, these read nothing before the device has started (zero, or no
+# statistics) and start nothing; torch.accelerator's memory calls reach the same account
+# through the native allocator (runtime/native/shim.cpp), so both give the same numbers.
+def _account(device: Any):
+    """(the memory account, the device index), or None before PJRT has started."""
+    if not is_initialized():
+        return None
     from . import memory
 
-    return memory.allocated(_index(device))
+    return memory, _index(device)
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live pjrt storages on the device."""
+    found = _account(device)
+    return found[0].allocated(found[1]) if found else 0
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    _runtime()
-    from . import memory
-
-    return memory.peak(_index(device))
-
-
-def reset_peak_memory_stats(device: Any = None) -> None:
-    _runtime()
-    from . import memory
-
-    memory.reset_peak(_index(device))
+    """The most bytes live pjrt storages have held since the start or the last
+    reset_peak_memory_stats()."""
+    found = _account(device)
+    return found[0].peak(found[1]) if found else 0
 
 
 def memory_reserved(device: Any = None) -> int:
+    """The same as memory_allocated(): torch-pjrt keeps no cache of freed buffers."""
     return memory_allocated(device)
 
 
+def max_memory_reserved(device: Any = None) -> int:
+    """The same as max_memory_allocated() (see memory_reserved)."""
+    return max_memory_allocated(device)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    found = _account(device)
+    if found:
+        memory, index = found
+        memory.reset_peak(index)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    found = _account(device)
+    if found:
+        memory, index = found
+        memory.reset_accumulated(index)
+
+
 def memory_stats(device: Any = None) -> dict[str, int]:
+    """torch.cuda.memory_stats()'s keys ("allocated_bytes.all.peak", "num_ooms", ...), with
+    the values torch.accelerator.memory_stats() gives (runtime/memory.py says what each
+    means for XLA buffers); empty before the device has started."""
+    found = _account(device)
+    if not found:
+        return {}
+    memory, index = found
+    return memory.flat_stats(index)
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes: what torch-pjrt may still allocate on the device before
+    torch.OutOfMemoryError, and its limit (TORCH_PJRT_MEMORY_LIMIT or the device's own)."""
     _runtime()
     from . import memory
 
-    return memory.stats(_index(device))
+    return memory.memory_info(_index(device))
 
 
 def empty_cache() -> None:
-    """Free device memory no tensor uses: XLA frees buffers as soon as they die."""
-    import gc
+    """Free device memory no tensor uses: XLA frees buffers as soon as they die, so this
+    only collects the tensors in reference cycles."""
+    from . import memory
 
-    gc.collect()
+    memory.empty_cache()
+
+
+# ---------------------------------------------------------------- capability
+_dtypes: frozenset[torch.dtype] = frozenset()
+
+
+def set_supported_dtypes(dtypes: frozenset[torch.dtype]) -> None:
+    """What the device can hold (set by the storage layer when PJRT starts)."""
+    global _dtypes
+    from .. import runtime
+
+    _dtypes = frozenset(dtypes)
+    runtime.shim().set_supported_dtypes(sorted(_dtypes, key=str))
+
+
+def get_device_capability(device: Any = None) -> dict[str, Any]:
+    """{"supported_dtypes": the dtypes a tensor on the device can have}, as
+    torch.accelerator.get_device_capability() reports it (the platform's: TPU has no
+    float64). A PJRT device has no compute capability version like CUDA's (major, minor)."""
+    _runtime()  # starting PJRT sets the dtypes
+    from . import client
+
+    client.device(_index(device))  # a valid index
+    return {"supported_dtypes": set(_dtypes)}
 
 
 # ------------------------------------------------------------------ autocast

@@ -18,6 +18,7 @@ import re
 from . import cache_files, compile_cache
 
 _TRACED_FILE = "traced"
+NOTE = "xla/" + _TRACED_FILE  # its path under the cache root (shipped caches carry it)
 _TRACED_MAX_BYTES = 8 << 20  # past this the file starts over (only re-tracing is lost)
 _LINE = re.compile(rb"([0-9a-f]{64})( c)?")  # compile_cache.digest(), checks data
 
@@ -75,6 +76,20 @@ def note_traced(name: str, checks_data: bool) -> None:
     line = name + (" c" if checks_data else "") + "\n"
     cache_files.append(_file(_TRACED_FILE), compile_cache.root(), line.encode(),
                        _TRACED_MAX_BYTES)
+
+
+def merge(data: bytes) -> int:
+    """Add the digests of another cache's note (a shipped cache: runtime/cache_bundle.py)
+    that this one lacks; lines that are not digests are left out. Returns how many."""
+    global _traced
+    have = _read_note() if compile_cache.enabled() else {}
+    new = [line for line in data.split(b"\n") if _LINE.fullmatch(line)
+           and line.split(b" ")[0].decode() not in have]
+    if new and compile_cache.enabled():
+        cache_files.append(_file(_TRACED_FILE), compile_cache.root(),
+                           b"".join(line + b"\n" for line in new), _TRACED_MAX_BYTES)
+        _traced = None  # read again at the next lookup
+    return len(new)
 
 
 def forget() -> None:

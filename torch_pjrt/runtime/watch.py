@@ -10,6 +10,8 @@ reads these records; torch_pjrt.counters holds the counts they agree with.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import warnings
 from collections import Counter
@@ -90,6 +92,8 @@ class Program:
     compiles: int = 0  # compiled by XLA in this process
     loads: int = 0  # taken from the disk cache
     seconds: float = 0.0  # compiling or loading
+    background: float = 0.0  # of those seconds, spent while the user's program went on
+    nbytes: int | None = None  # its size, serialized (as the disk cache holds it)
     step: int | None = None  # the optimizer step in which it first compiled or loaded
     site: tuple | None = None  # the user's line at that moment
 
@@ -149,28 +153,71 @@ def programs() -> list[Program]:
 
 
 last_compile: tuple[str, str] | None = None  # (digest, "compiled" or "disk") of the last
+_local = threading.local()  # .site: set while this thread compiles in the background
 
 
-def compiled(digest: str, source: str, seconds: float) -> Program:
+@contextlib.contextmanager
+def background(where: tuple | None = None):
+    """Around compiles that run while the user's program goes on (on a thread of the
+    engine's): their seconds count as background ones (metrics()'s
+    `background_compile_seconds`), and `where` (the user's line when the compile was
+    asked for: site() on the user's thread) is the line their records show."""
+    before = getattr(_local, "site", None)
+    _local.site = where if where is not None else ("<background>", 0, "")
+    try:
+        yield
+    finally:
+        _local.site = before
+
+
+def in_background() -> bool:
+    return getattr(_local, "site", None) is not None
+
+
+def compiled(digest: str, source: str, seconds: float, nbytes: int | None = None) -> Program:
     """A program was compiled by XLA (`source` "compiled") or loaded from the disk cache
-    ("disk"), taking `seconds`."""
+    ("disk"), taking `seconds` (in the background, inside background()); `nbytes`: its
+    size serialized, where known."""
     global last_compile
     p = program(digest)
+    behind = getattr(_local, "site", None)
+    where = behind if behind is not None else site()
     if source == "disk":
         p.loads += 1
+        counters.count("disk_loads")
+        counters.add_seconds("disk_load_seconds", seconds)
     else:
         p.compiles += 1
+        counters.count("xla_compiles")
+        counters.add_seconds("xla_compile_seconds", seconds)
+    if behind is not None:
+        p.background += seconds
+        counters.count("background_compiles")
+        counters.add_seconds("background_compile_seconds", seconds)
     p.seconds += seconds
+    if nbytes is not None:
+        p.nbytes = nbytes
     if p.step is None:
         p.step = _steps
-        p.site = site()
+        p.site = where
     _compile_steps.append(_steps)
     last_compile = (digest, source)
     if logs.compiles.isEnabledFor(logs.INFO):
         how = "loaded from the disk cache" if source == "disk" else "compiled"
-        logs.compiles.info("%s %s (%s) in %.2f s, at %s", how, p.name, p.title, seconds,
-                           _sites.text(site()))
+        size = f", {_size(nbytes)}" if nbytes is not None else ""
+        m = counters.metrics()
+        logs.compiles.info(
+            "%s %s (%s%s) in %.2f s%s, at %s; so far %.1f s compiling %d programs "
+            "(%.1f s of it in the background), %.1f s loading %d", how, p.name, p.title,
+            size, seconds, " in the background" if behind is not None else "",
+            _sites.text(where), m.get("xla_compile_seconds", 0.0),
+            m.get("xla_compiles", 0), m.get("background_compile_seconds", 0.0),
+            m.get("disk_load_seconds", 0.0), m.get("disk_loads", 0))
     return p
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:.0f} KB"
 
 
 # ------------------------------------------------------------------ recompiles
@@ -262,12 +309,22 @@ _recompile_steps: list[int] = []
 _started = time.time()
 
 
+_step_hooks: list = []  # called after each optimizer step (precompile's stop)
+
+
+def on_step(fn) -> None:
+    """`fn()` is called at the end of every optimizer step, once it is counted."""
+    _step_hooks.append(fn)
+
+
 def stepped() -> None:
     """An optimizer step ended (what the report's steady-state verdict counts in)."""
     global _steps
     _steps += 1
     if loud and _recompile_steps and _recompile_steps[-1] == _steps - 1:
         _warn_recompiling()
+    for fn in _step_hooks:
+        fn()
 
 
 def steps() -> int:
@@ -304,7 +361,7 @@ def reset() -> None:
     global _recompiles_dropped, _steps, last_compile, _warned_recompiling, _started
     for p in _programs.values():
         p.compiles = p.loads = 0
-        p.seconds = 0.0
+        p.seconds = p.background = 0.0
         p.step = p.site = None
     _recompiles.clear()
     _recompiles_dropped = 0

@@ -57,6 +57,11 @@ UNSUPPORTED_ON: dict[str, frozenset[torch.dtype]] = {
 }
 
 
+def supported(platform: str) -> frozenset[torch.dtype]:
+    """The dtypes a pjrt tensor can have on `platform`."""
+    return frozenset(TORCH_TO_JAX) - UNSUPPORTED_ON.get(platform, frozenset())
+
+
 def to_jax(dtype: torch.dtype) -> np.dtype:
     try:
         return TORCH_TO_JAX[dtype]

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import client, memory
+from ..runtime import client, device_module, memory
 from . import dtypes
 
 
@@ -60,6 +60,8 @@ def install(native, flush) -> None:
     _native = native
     flush_pending = flush
     native.set_resize_callback(resize)
+    # what torch.pjrt / torch.accelerator.get_device_capability() report
+    device_module.set_supported_dtypes(dtypes.supported(client.platform()))
 
 
 def free(ptr: int) -> None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..checks import index_in_range, require
+from ..checks import index_dtype, index_in_range, index_nonnegative, require
 from ..registry import lower
 from ._ops import aten
 
 _MASKS = (jnp.bool_, jnp.uint8)  # index dtypes PyTorch reads as masks
+_INT32_64 = (jnp.int32, jnp.int64)
 
 
 def _is_mask(i) -> bool:
@@ -24,6 +25,9 @@ def _advanced_index(x, indices):
     into integer indices before they reach the device; index_put takes them as they are)."""
     idx = []
     for d, i in enumerate(indices):
+        if i is not None:
+            index_dtype(i, (*_INT32_64, *_MASKS), IndexError,
+                        "tensors used as indices must be long, int, byte or bool tensors")
         if i is None:
             idx.append(slice(None))
         elif _is_mask(i):  # 0/1 as positions would be a silent wrong result
@@ -92,6 +96,10 @@ def _masked_put_index(x, indices, values):
 
 @lower(aten.index_put.default, promote="result", operands=("self", "values"))
 def index_put(x, indices, values, accumulate=False):
+    for i in indices:
+        if i is not None:
+            index_dtype(i, (*_INT32_64, *_MASKS), IndexError,
+                        "tensors used as indices must be long, int, byte or bool tensors")
     if any(_is_mask(i) for i in indices):
         idx, values = _masked_put_index(x, indices, values)
         if accumulate:
@@ -112,16 +120,17 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 def index_select(x, dim, index):
     # Unlike indexing, index_select takes no negative index (the CPU's message); a 0-d
     # input gives a 0-d result (the index must be [0]).
-    i = index.astype(jnp.int64)
-    require((i >= 0) & (i < (x.shape[dim] if x.ndim else 1)), IndexError,
-            "index out of range in self")
+    index_dtype(index, _INT32_64, RuntimeError,
+                "index_select(): Expected dtype int32 or int64 for index")
+    i = index_nonnegative(index.astype(jnp.int64), x.shape[dim] if x.ndim else 1, IndexError,
+                          "index out of range in self")
     return x if x.ndim == 0 else jnp.take(x, i.reshape(-1), axis=dim)
 
 
 def _check_gather_index(index, size, dim):
-    require((index >= -size) & (index < size), RuntimeError,
-            f"index out of range in gather/scatter along dimension {dim} with size {size}")
-    return jnp.where(index < 0, index + size, index)
+    # gather and scatter take no negative index (the CPU and CUDA kernels' check)
+    return index_nonnegative(index, size, RuntimeError,
+                             f"index {{0}} is out of bounds for dimension {dim} with size {size}")
 
 
 def _along(index, x_shape, dim):
@@ -142,6 +151,7 @@ def gather(x, dim, index, *, sparse_grad=False):
     if index.size == 0:  # PyTorch skips the shape checks of an empty index
         return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
+        _check_gather_index(index.astype(jnp.int64), 1, 0)
         return x.reshape(index.shape)
     dim = dim % x.ndim
     i = _check_gather_index(index.astype(jnp.int64), x.shape[dim], dim)
@@ -152,6 +162,7 @@ def _scatter(x, dim, index, src, mode):
     if index.size == 0:
         return x
     if x.ndim == 0:
+        _check_gather_index(index.astype(jnp.int64), 1, 0)
         src = jnp.broadcast_to(src, index.shape).reshape(-1)[:1].reshape(())
         return {"set": src, "add": x + src, "multiply": x * src, "amax": jnp.maximum(x, src),
                 "amin": jnp.minimum(x, src)}[mode]
@@ -229,29 +240,64 @@ def _check_slices(x, dim, source) -> None:
 
 @lower(aten.index_add.default, promote="result", operands=("self", "source", "alpha"))
 def index_add(x, dim, index, source, *, alpha=1):
+    index_dtype(index, _INT32_64, RuntimeError,
+                "index_add_(): Expected dtype int32/int64 for index but got: {0}")
     _check_slices(x, dim, source)
+    # no negative index (the CPU's kernels): its 0-d and 1-d kernel says IndexError, the
+    # other RuntimeError naming the index
+    size = x.shape[dim % x.ndim] if x.ndim else 1
+    if x.ndim <= 1:
+        i = index_nonnegative(index.astype(jnp.int64), size, IndexError,
+                              "index out of range in self")
+    else:
+        i = index_nonnegative(index.astype(jnp.int64), size, RuntimeError,
+                              f"index {{0}} is out of bounds for dimension {dim % x.ndim} "
+                              f"with size {size}")
     if x.ndim == 0:
         return x + alpha * jnp.sum(source)
     dim = dim % x.ndim
-    i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)
     where = (slice(None),) * dim + (i,)
     return x.at[where].add(alpha * source)
 
 
 @lower(aten.index_copy.default, promote="result", operands=("self", "source"))
 def index_copy(x, dim, index, source):
+    index_dtype(index, (jnp.int64,), RuntimeError,
+                "index_copy_(): Expected a long tensor for index, but got {0}")
+    size = x.shape[dim % x.ndim] if x.ndim else 1
+    i = index_nonnegative(index.astype(jnp.int64), size, IndexError,
+                          f"index_copy_(): index {{0}} is out of bounds for dimension "
+                          f"{dim % max(x.ndim, 1)} with size {size}")
     if x.ndim == 0:
         return source.reshape(())
     dim = dim % x.ndim
-    i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)
     return x.at[(slice(None),) * dim + (i,)].set(source)
 
 
 @lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, promote="result",
        operands=("self", "value"))
 def index_fill(x, dim, index, value):
+    index_dtype(index, (jnp.int64,), IndexError, "index_fill_(): Expected dtype int64 for index.")
     if x.ndim == 0:
+        index_in_range(index.astype(jnp.int64), 1, 0)
         return jnp.where(index.size > 0, value, x).astype(x.dtype)
     dim = dim % x.ndim
     i = index_in_range(index.astype(jnp.int64), x.shape[dim], dim)
     return x.at[(slice(None),) * dim + (i,)].set(value)
+
+
+@lower(aten._unsafe_masked_index.default)
+def unsafe_masked_index(x, mask, indices, fill, *, meta):
+    # x[indices] where mask holds, fill elsewhere (the padding decompositions' gather). An
+    # index under a False mask may lie anywhere; under a True one a negative index wraps,
+    # as in the CPU's kernel (torch._decomp's decomposition clamps it to 0 instead).
+    for i in indices:
+        if i is not None:
+            index_dtype(i, _INT32_64, RuntimeError,
+                        "tensors used as indices must be long or int tensors")
+    if x.size == 0:
+        return jnp.full(meta[0].shape, fill, x.dtype)
+    idx = tuple(slice(None) if i is None else
+                jnp.clip(jnp.where(i < 0, i + n, i).astype(jnp.int64), 0, n - 1)
+                for i, n in zip(indices, x.shape))
+    return jnp.where(mask, x[idx], jnp.asarray(fill, x.dtype)).astype(x.dtype)

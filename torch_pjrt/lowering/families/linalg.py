@@ -22,6 +22,7 @@ from jax._src.lax.linalg import geqrf as _geqrf  # not re-exported by jax.lax.li
 from jax.lax import linalg as lax_linalg
 
 from ... import _compat
+from ...storage import dtypes
 from .. import checks
 from ..registry import lower
 from ._ops import aten, is_complex, is_int
@@ -54,6 +55,35 @@ def matmul(a, b):
        products=True)
 def mm(a, b):
     return matmul(a, b)
+
+
+def _out_dtype_check(a, out_dtype) -> None:
+    """The check of CUDA's out_dtype products (the only kernels PyTorch has for them): the
+    result is the operands' dtype, or float32 for float16 and bfloat16 operands."""
+    if out_dtype != a.dtype and not (out_dtype == jnp.float32 and
+                                     a.dtype in (jnp.float16, jnp.bfloat16)):
+        raise RuntimeError("out_dtype must be the same as input dtype or fp32 for fp16/bf16 "
+                           f"inputs (got {dtypes.to_torch(a.dtype)} inputs and out_dtype "
+                           f"{dtypes.to_torch(out_dtype)})")
+
+
+# mm / bmm / addmm with out_dtype (torch 2.13's `aten::mm.dtype`...): products of float16 or
+# bfloat16 operands accumulated and returned in float32. The CPU build has no kernel for them
+# (CUDA has); baddbmm.dtype is left out: torch 2.13's meta function for it raises TypeError.
+@lower(aten.mm.dtype, aten.bmm.dtype, products=True)
+def mm_out_dtype(a, b, out_dtype, *, meta):
+    out = meta[0].dtype
+    _out_dtype_check(a, out)
+    return jnp.matmul(a, b, precision=precision(), preferred_element_type=out).astype(out)
+
+
+@lower(aten.addmm.dtype, static=("beta", "alpha"), operands=("self", "mat1", "mat2"),
+       products=True)
+def addmm_out_dtype(bias, a, b, out_dtype, *, beta=1, alpha=1, meta):
+    out = meta[0].dtype
+    _out_dtype_check(a, out)
+    prod = jnp.matmul(a, b, precision=precision(), preferred_element_type=out)
+    return _scaled_sum(bias.astype(out), prod.astype(out), beta, alpha)
 
 
 @lower(aten.vdot.default, promote="default", products=True)

@@ -14,7 +14,7 @@ from jax import lax
 
 from ...runtime import client, cpu_kernels
 from ...storage import dtypes
-from ..checks import require
+from ..checks import index_dtype, require
 from ..registry import lower
 from ._ops import aten
 
@@ -142,6 +142,8 @@ def native_dropout_backward(grad, mask, scale):
 
 def _check_target(t, ignore_index, classes):
     """Require each target to be a class or ignore_index; returns the valid mask."""
+    index_dtype(t, (jnp.int64, jnp.uint8), RuntimeError,
+                "expected target dtype to be Long or Byte, but got {0}")
     valid = t != ignore_index
     require(~valid | ((t >= 0) & (t < classes)), IndexError, "Target {0} is out of bounds.",
             t)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import checks
 from ..checks import require
 from ..registry import lower
 from ._ops import aten
@@ -133,8 +134,15 @@ def _max_pool(x, nd, kernel_size, stride, padding, dilation, ceil_mode):
 
 def _max_pool_backward(grad, x, nd, kernel_size, stride, padding, dilation, indices):
     kernel, stride, padding, dilation = _params(nd, kernel_size, stride, padding, dilation)
+    checks.expect_dtype(indices)
     if 0 in grad.shape or 0 in x.shape:
         return jnp.zeros(x.shape, grad.dtype)
+    # -1 (a window of -inf alone, in the CPU's forward) adds nothing, on the CPU and CUDA;
+    # any other index off the plane is read unchecked by the CPU's kernel: refused here
+    plane = math.prod(x.shape[x.ndim - nd:])
+    require((indices >= -1) & (indices < plane), RuntimeError,
+                   f"max_pool{nd}d_with_indices_backward: index {{0}} is out of bounds for "
+                   f"an input plane of {plane} elements", indices)
     if stride == kernel and all(d == 1 for d in dilation):
         return _tiled_backward(grad, x, nd, kernel, padding, indices)
     return _scatter_to_plane(grad, x, nd, indices)
@@ -164,6 +172,7 @@ def _scatter_to_plane(grad, x, nd, indices):
     plane = math.prod(x.shape[lead:])
     g = _upcast(grad).reshape(planes, -1)
     idx = indices.reshape(planes, -1)
+    idx = jnp.where(idx < 0, plane, idx)  # dropped (XLA would wrap a negative index)
     rows = lax.broadcasted_iota(jnp.int64, idx.shape, 0)
     out = jnp.zeros((planes, plane), g.dtype).at[rows, idx].add(g, mode="drop")
     return out.reshape(x.shape).astype(grad.dtype)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..checks import require
+from ..checks import index_dtype, index_nonnegative, require
 from ..registry import lower
 from ._ops import aten
 
@@ -136,6 +136,9 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
 @lower(aten.select_scatter.default, promote="result")
 def select_scatter(x, src, dim, index):
     dim = dim % x.ndim
+    if not -x.shape[dim] <= index < x.shape[dim]:
+        raise IndexError(f"select(): index {index} out of range for tensor of size "
+                         f"{list(x.shape)} at dimension {dim}")
     index = index + x.shape[dim] if index < 0 else index
     return lax.dynamic_update_index_in_dim(x, src.astype(x.dtype), index, dim)
 
@@ -177,12 +180,16 @@ def diag_embed(x, offset=0, dim1=-2, dim2=-1):
 @lower(aten.index_reduce.default, promote="result", operands=("self", "source"))
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """x's slices along dim at `index` reduced with source's (prod, mean, amax, amin)."""
+    index_dtype(index, (jnp.int32, jnp.int64), RuntimeError,
+                "index_reduce_(): Expected dtype int32/int64 for index but got: {0}")
     shape = x.shape
     if x.ndim == 0:
         x, source = x.reshape(1), source.reshape(1)
     dim = dim % x.ndim
     xm, sm = jnp.moveaxis(x, dim, 0), jnp.moveaxis(source, dim, 0)
-    index = index.reshape(-1)
+    # no negative index, none past the end (the CPU's check; XLA would drop them silently)
+    index = index_nonnegative(index.reshape(-1).astype(jnp.int64), xm.shape[0], IndexError,
+                              "index out of range in self")
     counts = jnp.zeros((xm.shape[0],), jnp.int64).at[index].add(1)
     touched = (counts > 0).reshape((-1,) + (1,) * (xm.ndim - 1))
     if reduce == "mean":
@@ -430,6 +437,8 @@ def split_copy(x, split_size, dim=0, *, meta):
 @lower(aten.put.default, promote="result", operands=("self", "source"))
 def put(x, index, source, accumulate=False):
     """take's inverse: source written (or added) at flat positions of x."""
+    index_dtype(index, (jnp.int64,), RuntimeError,
+                "put_(): Expected a long tensor for index, but got {0}")
     n = x.size
     require((index >= -n) & (index < n), IndexError,
             f"put_(): index out of range for a tensor of {n} elements")

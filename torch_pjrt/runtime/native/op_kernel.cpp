@@ -75,7 +75,7 @@ enum { kLazyNode, kLazyIndex, kLazyShape, kLazyDtype };
 enum { kRecValue, kRecDtype, kRecNumel, kRecNbytes, kRecDevice };
 enum { kEntrySingle, kEntryAlone, kEntryOrdered, kEntryOrder, kEntryOuts, kEntryAvals,
        kEntryWritten, kEntryAliasReturn };
-enum { kMemAllocated, kMemPeak, kMemAllocs, kMemSoftLimit };
+enum { kMemAllocated, kMemPeak, kMemAllocs, kMemSoftLimit, kMemFrees, kMemTotal, kMemLivePeak };
 
 // What the kernel reads and writes of the Python side, set by configure().
 struct State {
@@ -656,6 +656,9 @@ bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values
   int64_t soft_limit = PyLong_AsLongLong(S.mem.get(mem, kMemSoftLimit));
   int64_t peak = PyLong_AsLongLong(S.mem.get(mem, kMemPeak));
   int64_t allocs = PyLong_AsLongLong(S.mem.get(mem, kMemAllocs));
+  int64_t frees = PyLong_AsLongLong(S.mem.get(mem, kMemFrees));
+  int64_t ever = PyLong_AsLongLong(S.mem.get(mem, kMemTotal));
+  int64_t live_peak = PyLong_AsLongLong(S.mem.get(mem, kMemLivePeak));
   if (PyErr_Occurred()) return false;
   int64_t total = allocated + nbytes;
   if (total > soft_limit) return false;
@@ -677,7 +680,10 @@ bool record_single(PyObject* entry, PyObject* dyn, long device, PyObject* values
   // From here on the storage is in the table: account for it before anything can fail.
   S.mem.put(mem, kMemAllocated, PyLong_FromLongLong(total));
   S.mem.put(mem, kMemAllocs, PyLong_FromLongLong(allocs + 1));
+  S.mem.put(mem, kMemTotal, PyLong_FromLongLong(ever + nbytes));
   if (total > peak) S.mem.put(mem, kMemPeak, PyLong_FromLongLong(total));
+  if (allocs + 1 - frees > live_peak)
+    S.mem.put(mem, kMemLivePeak, PyLong_FromLongLong(allocs + 1 - frees));
   p.append();
   *out = std::move(t);
   return true;
@@ -972,7 +978,7 @@ void configure(py::dict graph, py::dict modes, py::dict counts, py::dict devices
   S.rec.init(rec, {"value", "dtype", "numel", "nbytes", "device"});
   S.entry.init(entry, {"single", "alone", "ordered", "order", "outs", "result_avals",
                        "written", "alias_return"});
-  S.mem.init(mem, {"allocated", "peak", "allocs", "soft_limit"});
+  S.mem.init(mem, {"allocated", "peak", "allocs", "soft_limit", "frees", "total", "live_peak"});
   configured = true;
 }
 

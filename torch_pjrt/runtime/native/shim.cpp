@@ -5,10 +5,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/core/Generator.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -21,10 +24,12 @@
 
 #include "shim.h"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -49,7 +54,21 @@ bool shutting_down = false;
 py::object* free_callback = nullptr;   // free(ptr: int) -> None
 py::object* sync_callback = nullptr;   // synchronize(device_index: int) -> None
 py::object* count_callback = nullptr;  // device_count() -> int (starts the PJRT client)
+py::object* known_count_callback = nullptr;  // known_count() -> int | None (starts nothing)
+// A count given out before PJRT started, from the settings (known_count): the autograd
+// engine and torch.accelerator ask for the count, which must not start PJRT in a CPU-only
+// script. -1: none given.
+std::atomic<int> predicted_count{-1};
 py::object* resize_callback = nullptr;  // resize(old_ptr, new_ptr, nbytes) -> None
+// torch_pjrt.runtime.memory: the memory account behind the allocator's statistics
+// (stats, reset_peak, reset_accumulated, empty_cache, memory_info).
+py::object* memory_account = nullptr;
+// Set once the PJRT client has started (runtime.ensure_initialized): before, the
+// allocator reports itself uninitialized and torch.accelerator's memory calls read nothing.
+std::atomic<bool> started{false};
+// The dtypes a pjrt tensor can have on this platform (set by the storage layer at start),
+// as c10::DeviceCapability's bits.
+std::atomic<uint64_t> dtype_bits{0};
 
 // The device count is asked of Python on first use: it starts the PJRT
 // client, which `import torch` alone must not do.
@@ -68,9 +87,36 @@ c10::DeviceIndex device_count() {
   return c10::DeviceIndex(n);
 }
 
+// The device count without starting the PJRT client where the settings decide it (the
+// cpu platform): what the guard, the hooks and index checks use. The autograd engine asks
+// every device guard for its count at the first backward pass, a DataLoader asks
+// torch.accelerator.is_available() before it forks its workers, and a thread sets its
+// device: in a CPU-only script none of these may start PJRT (JAX's threads, its malloc
+// settings). Where only the client can tell (an accelerator plugin), it starts.
+c10::DeviceIndex count_without_starting() {
+  int n = known_device_count.load();
+  if (n >= 0) return c10::DeviceIndex(n);
+  n = predicted_count.load();
+  if (n >= 0) return c10::DeviceIndex(n);
+  if (known_count_callback != nullptr && !shutting_down && Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object known = (*known_count_callback)();
+      if (!known.is_none()) {
+        n = known.cast<int>();
+        predicted_count.store(n);
+        return c10::DeviceIndex(n);
+      }
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("torch_pjrt: counting devices before PJRT starts");
+    }
+  }
+  return device_count();
+}
+
 c10::DeviceIndex check_index(c10::DeviceIndex index) {
   if (index < 0) return current_device;
-  auto count = device_count();
+  auto count = count_without_starting();
   TORCH_CHECK(
       index < count, "pjrt: invalid device index ", int(index),
       " (there are ", int(count), " pjrt devices)");
@@ -109,7 +155,61 @@ void free_handle(void* ptr) {
 constexpr uint64_t kIndexShift = 52;
 constexpr uint64_t kAlign = 256;
 
-struct PjrtAllocator final : c10::Allocator {
+// What the Python memory account says, read as PyTorch's DeviceStats (GIL taken).
+c10::CachingAllocator::Stat stat_of(const py::handle& d) {
+  c10::CachingAllocator::Stat s;
+  s.current = d["current"].cast<int64_t>();
+  s.peak = d["peak"].cast<int64_t>();
+  s.allocated = d["allocated"].cast<int64_t>();
+  s.freed = d["freed"].cast<int64_t>();
+  return s;
+}
+
+c10::CachingAllocator::StatArray stat_array_of(const py::handle& d) {
+  // StatType's order: AGGREGATE, SMALL_POOL, LARGE_POOL
+  constexpr const char* pools[] = {"all", "small_pool", "large_pool"};
+  c10::CachingAllocator::StatArray a;
+  static_assert(std::size(pools) == std::tuple_size_v<c10::CachingAllocator::StatArray>);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = stat_of(d[pools[i]]);
+  return a;
+}
+
+c10::CachingDeviceAllocator::DeviceStats device_stats(c10::DeviceIndex index) {
+  TORCH_CHECK(memory_account != nullptr, "pjrt: memory statistics before the shim's install");
+  py::gil_scoped_acquire gil;
+  py::object d = memory_account->attr("stats")(int(index));
+  c10::CachingDeviceAllocator::DeviceStats s;
+  s.allocation = stat_array_of(d["allocation"]);
+  s.segment = stat_array_of(d["segment"]);
+  s.active = stat_array_of(d["active"]);
+  s.inactive_split = stat_array_of(d["inactive_split"]);
+  s.allocated_bytes = stat_array_of(d["allocated_bytes"]);
+  s.reserved_bytes = stat_array_of(d["reserved_bytes"]);
+  s.active_bytes = stat_array_of(d["active_bytes"]);
+  s.inactive_split_bytes = stat_array_of(d["inactive_split_bytes"]);
+  s.requested_bytes = stat_array_of(d["requested_bytes"]);
+  s.oversize_allocations = stat_of(d["oversize_allocations"]);
+  s.oversize_segments = stat_of(d["oversize_segments"]);
+  s.num_alloc_retries = d["num_alloc_retries"].cast<int64_t>();
+  s.num_ooms = d["num_ooms"].cast<int64_t>();
+  s.num_sync_all_streams = d["num_sync_all_streams"].cast<int64_t>();
+  s.num_device_alloc = d["num_device_alloc"].cast<int64_t>();
+  s.num_device_free = d["num_device_free"].cast<int64_t>();
+  s.max_split_size = d["max_split_size"].cast<int64_t>();
+  return s;
+}
+
+void call_account(const char* name, c10::DeviceIndex index) {
+  TORCH_CHECK(memory_account != nullptr, "pjrt: memory account before the shim's install");
+  py::gil_scoped_acquire gil;
+  memory_account->attr(name)(int(index));
+}
+
+// PyTorch's device allocator for pjrt (torch.accelerator's memory calls reach it). The
+// data pointers it hands out are handles (see above); the statistics and the resets are
+// the Python memory account's, so that torch.accelerator and torch.pjrt agree. Streams:
+// one queue per device, so recordStream has nothing to hold back.
+struct PjrtAllocator final : c10::DeviceAllocator {
   std::atomic<uint64_t> next{kAlign};
 
   c10::DataPtr allocate(size_t nbytes) override {
@@ -127,6 +227,30 @@ struct PjrtAllocator final : c10::Allocator {
   void copy_data(void*, const void*, std::size_t) const override {
     TORCH_CHECK(false, "pjrt: device memory cannot be copied by the host allocator");
   }
+
+  bool initialized() override { return started.load(); }
+  void emptyCache(c10::MempoolId_t) override {
+    TORCH_CHECK(memory_account != nullptr, "pjrt: empty_cache before the shim's install");
+    py::gil_scoped_acquire gil;
+    memory_account->attr("empty_cache")();
+  }
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
+    return device_stats(check_index(index));
+  }
+  void resetAccumulatedStats(c10::DeviceIndex index) override {
+    call_account("reset_accumulated", check_index(index));
+  }
+  void resetPeakStats(c10::DeviceIndex index) override {
+    call_account("reset_peak", check_index(index));
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
+    index = check_index(index);
+    TORCH_CHECK(memory_account != nullptr, "pjrt: memory info before the shim's install");
+    py::gil_scoped_acquire gil;
+    auto info = memory_account->attr("memory_info")(int(index)).cast<std::pair<int64_t, int64_t>>();
+    return {size_t(info.first), size_t(info.second)};
+  }
 };
 
 PjrtAllocator allocator;
@@ -134,10 +258,13 @@ PjrtAllocator allocator;
 // ------------------------------------------------------------ pinned memory
 // Host memory PyTorch asks for as "pinned" (pin_memory(), DataLoader(pin_memory=True),
 // DDP's reducer, which checks it got some): PJRT copies from any host memory, so this
-// is the CPU allocator's memory, remembered so that is_pinned() says yes.
-struct PinnedAllocator final : c10::Allocator {
+// is the CPU allocator's memory, remembered so that is_pinned() says yes. It is also the
+// device's host allocator (torch.accelerator.empty_host_cache()): it caches nothing, a
+// block is freed when its tensor dies, so there is no cache to empty.
+struct PinnedAllocator final : at::HostAllocator {
   std::mutex mu;
   std::map<uintptr_t, size_t> blocks;  // start -> size
+  at::HostStats stats;  // under mu
 
   static void release(void* ptr);
 
@@ -146,6 +273,9 @@ struct PinnedAllocator final : c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(mu);
       blocks[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
+      for (auto* s : {&stats.allocations, &stats.active_requests}) s->increase(1);
+      for (auto* s : {&stats.allocated_bytes, &stats.active_bytes}) s->increase(nbytes);
+      ++stats.num_host_alloc;
     }
     return {ptr, ptr, &PinnedAllocator::release, c10::Device(c10::DeviceType::CPU)};
   }
@@ -164,6 +294,28 @@ struct PinnedAllocator final : c10::Allocator {
     --it;
     return p < it->first + std::max<size_t>(it->second, 1);
   }
+
+  // A block is freed when its tensor dies, whatever stream used it: one queue per
+  // device, and PJRT's host-to-device copies have read the block when they return.
+  bool record_event(void* ptr, void*, c10::Stream) override { return contains(ptr); }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(mu);
+    return stats;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto* s : {&stats.allocations, &stats.active_requests, &stats.allocated_bytes,
+                    &stats.active_bytes})
+      s->reset_accumulated();
+    stats.num_host_alloc = stats.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto* s : {&stats.allocations, &stats.active_requests, &stats.allocated_bytes,
+                    &stats.active_bytes})
+      s->reset_peak();
+  }
 };
 
 PinnedAllocator pinned;
@@ -171,7 +323,14 @@ PinnedAllocator pinned;
 void PinnedAllocator::release(void* ptr) {
   {
     std::lock_guard<std::mutex> lock(pinned.mu);
-    pinned.blocks.erase(reinterpret_cast<uintptr_t>(ptr));
+    auto it = pinned.blocks.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it != pinned.blocks.end()) {
+      for (auto* s : {&pinned.stats.allocations, &pinned.stats.active_requests}) s->decrease(1);
+      for (auto* s : {&pinned.stats.allocated_bytes, &pinned.stats.active_bytes})
+        s->decrease(it->second);
+      ++pinned.stats.num_host_free;
+      pinned.blocks.erase(it);
+    }
   }
   c10::free_cpu(ptr);
 }
@@ -261,7 +420,16 @@ struct PjrtGuard final : c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
-  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return count_without_starting(); }
+  // torch.accelerator.get_device_capability(): the dtypes a pjrt tensor can have (the
+  // storage layer sets them when PJRT starts, which asking the device count does).
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    device_count();  // (starting PJRT sets the dtypes)
+    check_index(d.index());
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = dtype_bits.load();
+    return cap;
+  }
   // Events: one PJRT device runs its work in order, so an event is the device it was
   // recorded on, and waiting for it waits for the device. An event with timing
   // (enable_timing=True) waits where it is recorded, for the work queued before it, and
@@ -311,9 +479,9 @@ struct PjrtGuard final : c10::impl::DeviceGuardImplInterface {
 // -------------------------------------------------------------------- hooks
 struct PjrtHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return device_count() > 0; }
+  bool isAvailable() const override { return count_without_starting() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  c10::DeviceIndex deviceCount() const override { return count_without_starting(); }
   void setCurrentDevice(c10::DeviceIndex d) const override { current_device = check_index(d); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device; }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
@@ -386,11 +554,15 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 }
 
 // ------------------------------------------------------------ python entry
-void install(py::object count_fn, py::object free_fn, py::object sync_fn) {
+void install(py::object count_fn, py::object known_count_fn, py::object free_fn,
+             py::object sync_fn, py::object memory) {
   count_callback = new py::object(std::move(count_fn));
+  known_count_callback = new py::object(std::move(known_count_fn));
   free_callback = new py::object(std::move(free_fn));
   sync_callback = new py::object(std::move(sync_fn));
+  memory_account = new py::object(std::move(memory));
   c10::SetAllocator(kPjrt, &allocator, /*priority=*/100);
+  at::setHostAllocator(kPjrt, &pinned, /*priority=*/100);
   c10::impl::registerDeviceGuard(kPjrt, &guard);
   at::RegisterPrivateUse1HooksInterface(&hooks);
   static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
@@ -402,6 +574,19 @@ at::Tensor empty_strided(const std::vector<int64_t>& size,
                          const std::vector<int64_t>& stride,
                          c10::ScalarType dtype, int index) {
   return torch_pjrt::empty_pjrt(size, stride, dtype, index);
+}
+
+// The dtypes the device takes, as DeviceCapability's bits (one per dtype of
+// AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS; a dtype without a bit is left out).
+void set_supported_dtypes(const std::vector<c10::ScalarType>& dtypes) {
+  uint64_t bits = 0;
+  for (auto t : dtypes) {
+#define PJRT_DTYPE_BIT(_, name) \
+    if (t == c10::ScalarType::name) bits |= uint64_t(1) << c10::kIndex_##name;
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(PJRT_DTYPE_BIT)
+#undef PJRT_DTYPE_BIT
+  }
+  dtype_bits.store(bits);
 }
 
 // (seed, offset) for a random op that draws `increment` keys, advancing the
@@ -511,6 +696,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("device_from_ptr", [](uint64_t p) { return int(index_from_ptr(reinterpret_cast<void*>(p))); });
   m.def("shutdown", [] { shutting_down = true; });
+  // PJRT has started with `count` devices; returns the count given out before (-1: none).
+  m.def("mark_started", [](int count) {
+    known_device_count.store(count);
+    started.store(true);
+    return predicted_count.load();
+  });
+  m.def("set_supported_dtypes", [](const std::vector<py::object>& dtypes) {
+    std::vector<c10::ScalarType> types;
+    for (const auto& d : dtypes) {
+      TORCH_CHECK(THPDtype_Check(d.ptr()), "pjrt: set_supported_dtypes takes torch dtypes");
+      types.push_back(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type);
+    }
+    set_supported_dtypes(types);
+  });
   m.def("cpu_kernels", [] {  // cpu_kernels.cpp: {XLA FFI target: handler}, empty without MKL
     py::dict out;
     for (auto& [name, handler] : torch_pjrt_cpu_kernels())

@@ -1,0 +1,258 @@
+"""Fused eager's first calls: a graph runs op by op while its fused program compiles in the
+background (eager/tiers.py), and a loop's repeating step compiles once (eager/loops.py).
+Results equal the CPU's on either path, and random ops draw the same numbers."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+from torch_pjrt.eager import graph, loops, tiers
+
+
+@pytest.fixture(autouse=True)
+def _fused(monkeypatch):
+    monkeypatch.setenv("TORCH_PJRT_COMPILE_CACHE", "0")  # a program seen is compiled here
+    monkeypatch.setattr(tiers, "PREFER_OPS", 1e9)  # op by op wherever a graph may
+    monkeypatch.setattr(tiers, "enabled", True)
+    monkeypatch.setattr(loops, "enabled", True)
+    with torch_pjrt.set_eager_mode("fused"):
+        yield
+    torch_pjrt.wait_for_compiles()
+
+
+def _weights(device, dim=16, vocab=32):
+    g = torch.Generator().manual_seed(0)
+    w = {"emb": torch.randn(vocab, dim, generator=g), "out": torch.randn(dim, vocab, generator=g)}
+    return {k: v.to(device) for k, v in w.items()}
+
+
+def _generate(w, steps: int, length: int = 32) -> torch.Tensor:
+    """Greedy decoding with a static cache written in place: the same ops every step and
+    nothing read back until the end, so the whole loop is one pending graph."""
+    device = w["emb"].device
+    cache = torch.zeros(length, w["emb"].shape[1], device=device)
+    token = torch.zeros(1, dtype=torch.long, device=device)
+    pos = torch.zeros(1, dtype=torch.long, device=device)
+    out = []
+    for _ in range(steps):
+        x = w["emb"][token]  # [1, dim]
+        cache.index_copy_(0, pos, x)
+        att = (cache @ x.T).softmax(0)  # [length, 1]
+        h = torch.tanh((att * cache).sum(0, keepdim=True) + x)
+        token = (h @ w["out"]).argmax(-1)
+        out.append(token)
+        pos = pos + 1
+    return torch.cat(out)
+
+
+def test_a_decode_loop_compiles_its_step_once(monkeypatch):
+    monkeypatch.setattr(tiers, "enabled", False)  # every program compiled at its flush
+    expected = _generate(_weights("cpu"), 20)
+    w = _weights("pjrt")
+    torch.pjrt.synchronize()
+    torch_pjrt.counters.reset()
+    assert torch.equal(_generate(w, 20).cpu(), expected)
+    m = torch_pjrt.metrics()
+    assert m["graph_loops"] == 1
+    first = m["compiles"]
+    assert first <= 3  # the step, and what comes before and after it
+    assert torch.equal(_generate(w, 28).cpu(), _generate(_weights("cpu"), 28))
+    # eight more steps: the step's program again; at most a new rest (its cat) and prefix
+    assert torch_pjrt.metrics()["compiles"] - first <= 2
+    monkeypatch.setattr(loops, "enabled", False)
+    graph.forget()
+    torch_pjrt.counters.reset()
+    assert torch.equal(_generate(w, 20).cpu(), expected)  # unrolled: one program
+    assert torch_pjrt.metrics()["compiles"] == 1 and "graph_loops" not in torch_pjrt.metrics()
+
+
+def test_tiered_decode_runs_op_by_op_then_its_fused_step():
+    expected = _generate(_weights("cpu"), 20)
+    w = _weights("pjrt")
+    graph.forget()
+    torch_pjrt.counters.reset()
+    assert torch.equal(_generate(w, 20).cpu(), expected)
+    m = torch_pjrt.metrics()
+    # op by op; nothing compiled fused: the loop's graph may never come again
+    assert m["tiered_pieces"] >= 19 and "background_compiles_queued" not in m
+    assert torch.equal(_generate(w, 20).cpu(), expected)  # it did: its step compiles
+    assert torch_pjrt.metrics()["background_compiles_queued"] >= 1
+    torch_pjrt.wait_for_compiles()
+    before = torch_pjrt.metrics().get("tiered_ops", 0)
+    assert torch.equal(_generate(w, 20).cpu(), expected)
+    m = torch_pjrt.metrics()
+    # the steps ran their fused program; only the pieces seen once ran op by op
+    assert m["background_compiles"] >= 1
+    assert m["tiered_ops"] - before < m["tiered_ops"] // 4
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.Dropout(0.0),
+                               torch.nn.Linear(24, 1))
+
+
+def _train(device: str, steps: int, wait_at: int | None = None) -> list[float]:
+    model = _mlp().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(16, 12, generator=g), torch.randn(16, 1, generator=g))
+            for _ in range(3)]
+    data = [(x.to(device), y.to(device)) for x, y in data]
+    losses = []
+    for i in range(steps):
+        if i == wait_at:
+            torch_pjrt.wait_for_compiles()
+        x, y = data[i % 3]
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_training_loop_switches_to_its_fused_step_with_the_same_losses():
+    expected = _train("cpu", 9)
+    torch_pjrt.counters.reset()
+    got = _train("pjrt", 9, wait_at=5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    m = torch_pjrt.metrics()
+    assert m["tiered_pieces"] > 0 and m["background_compiles"] >= 1
+    # after the switch: the step's fused programs, nothing compiled; only the first
+    # forward (before any backward: seen once before) runs op by op once more
+    torch_pjrt.wait_for_compiles()
+    compiles = torch_pjrt.metrics()["compiles"]
+    tiered = torch_pjrt.metrics()["tiered_pieces"]
+    torch.testing.assert_close(_train("pjrt", 6), expected[:6], rtol=1e-5, atol=1e-6)
+    m = torch_pjrt.metrics()
+    assert m["compiles"] == compiles and m["tiered_pieces"] - tiered <= 1
+
+
+def test_op_by_op_is_bit_identical_to_strict_mode():
+    """Before its fused program is compiled a graph runs the programs strict mode runs,
+    on the same inputs: the same bits (the fused program may round differently: it is
+    compared with the CPU in the tests above)."""
+    with torch_pjrt.set_eager_mode("strict"):
+        strict = _train("pjrt", 3)
+    graph.forget()
+    tiered = _train("pjrt", 3)
+    assert tiered == strict
+
+
+def test_random_ops_draw_the_same_numbers_op_by_op_and_fused(monkeypatch):
+    x = torch.randn(64, 64).to("pjrt")
+
+    def draw():
+        torch.manual_seed(7)
+        a, b, c = F.dropout(x, 0.5), torch.rand_like(x), torch.randn_like(x)
+        return [t.cpu() for t in (a, b, c, (a * 3 + b).relu() - c)]
+
+    graph.forget()
+    tiered = draw()
+    assert torch_pjrt.metrics()["tiered_pieces"] >= 1
+    monkeypatch.setattr(tiers, "enabled", False)
+    graph.forget()
+    fused = draw()
+    for t, f in zip(tiered[:3], fused[:3]):  # the draws: the same bits
+        assert torch.equal(t, f)
+    # arithmetic on them: XLA's fusion may contract a * 3 + b into one rounding (1 ulp)
+    torch.testing.assert_close(tiered[3], fused[3], rtol=1e-6, atol=1e-6)
+
+
+def test_deterministic_algorithms_run_each_graph_as_its_program():
+    torch.use_deterministic_algorithms(True)
+    try:
+        graph.forget()
+        x = torch.randn(32, 32).to("pjrt")
+        (x.exp() * 2 + x.sin()).sum().item()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "tiered_pieces" not in torch_pjrt.metrics()
+
+
+def test_a_device_check_raises_at_the_same_read(monkeypatch):
+    x = torch.randn(8, 4).to("pjrt")
+    bad = torch.tensor([1, 9]).to("pjrt")
+    for on in (True, False):
+        monkeypatch.setattr(tiers, "enabled", on)
+        graph.forget()
+        y = (x.exp() + 1)[bad].sum(0) * 2  # recorded: nothing raises yet
+        with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 "
+                                             "with size 8"):
+            y.cpu()
+
+
+def test_a_process_exits_cleanly_while_a_fused_program_compiles():
+    code = (
+        "import torch, torch_pjrt\n"
+        "from torch_pjrt.eager import tiers\n"
+        "tiers.PREFER_OPS = 1e9\n"
+        "x = torch.randn(64, 64).to('pjrt')\n"
+        "for _ in range(3):\n"
+        "    y = x\n"
+        "    for i in range(40):\n"
+        "        y = (y @ x).tanh() * 0.5 + y.sin()\n"
+        "    y.sum().item()\n"
+        "from torch_pjrt.runtime import compile_pool\n"
+        "assert compile_pool.pending() >= 1, compile_pool.pending()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_cut_goes_where_the_fewest_values_cross():
+    # Ops a..h as one step, repeated 12 times after a prefix; each op reads the one before
+    # (a: the previous step's h), and d reads that h too: one value crosses a step's
+    # boundary, two cross any other cut (the chain and the step's input).
+    class E:
+        def __init__(self, name):
+            self.name = name
+
+    prefix = [E(f"p{i}") for i in range(5)]
+    step = [E(c) for c in "abcdefgh"]
+    wiring = []
+    for e in prefix:
+        wiring.append((e, ((len(wiring) - 1, 0),) if wiring else (0,), 0))
+    for _ in range(12):
+        start = len(wiring)
+        for j, e in enumerate(step):
+            refs = ((len(wiring) - 1, 0),) if j else ((start - 1, 0),)
+            if j == 3:
+                refs += ((start - 1, 0),)  # d also reads the step's input
+            wiring.append((e, refs, 0))
+    cuts = loops.cuts(tuple(wiring), [(len(wiring) - 1, 0)])
+    assert cuts[0] == len(prefix) and all(b - a == 8 for a, b in zip(cuts, cuts[1:]))
+    assert len(cuts) >= 11
+
+
+def test_the_settings_and_their_defaults(monkeypatch):
+    from torch_pjrt.runtime import compile_cache, compile_pool
+
+    for name in ("TORCH_PJRT_TIERED", "TORCH_PJRT_FUSED_LOOPS", "TORCH_PJRT_QUICK_OPS",
+                 "TORCH_PJRT_COMPILE_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    tiers.configure()
+    loops.configure()
+    assert tiers.enabled and loops.enabled
+    assert compile_cache.quick_options.__wrapped__() == {
+        "xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    assert compile_pool.threads() >= 1
+    monkeypatch.setenv("TORCH_PJRT_TIERED", "0")
+    monkeypatch.setenv("TORCH_PJRT_FUSED_LOOPS", "0")
+    monkeypatch.setenv("TORCH_PJRT_QUICK_OPS", "0")
+    monkeypatch.setenv("TORCH_PJRT_COMPILE_THREADS", "3")
+    tiers.configure()
+    loops.configure()
+    try:
+        assert not tiers.enabled and not loops.enabled
+        assert compile_cache.quick_options.__wrapped__() == {}
+        assert compile_pool.threads() == 3
+    finally:
+        monkeypatch.undo()
+        tiers.configure()
+        loops.configure()
