@@ -45,8 +45,6 @@ CI = {("resnet10t", "fused")}
 # strict and compiled runs the sweep does beyond fused (each costs a cold compile)
 OTHER_MODES = ("resnet18", "convnext_atto", "vit_tiny_patch16_224", "efficientnet_b0",
                "swin_tiny_patch4_window7_224")
-# Tolerances other than the default, with why.
-TOLERANCE: dict[str, float] = {}
 
 
 def build(name: str) -> torch.nn.Module:
@@ -67,7 +65,7 @@ def training(name: str, mode: str):
     return compare_training(
         build(name), images,
         lambda logits, _: torch.nn.functional.cross_entropy(logits, labels.to(logits.device)),
-        mode=mode, steps=STEPS, tolerance=TOLERANCE.get(name, 1e-4))
+        mode=mode, steps=STEPS)
 
 
 CASES = {(name, mode): (lambda name=name, mode=mode: training(name, mode))

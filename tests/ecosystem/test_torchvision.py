@@ -22,7 +22,7 @@ CLASSIFIERS = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5", "squeezen
                "regnet_y_400mf", "efficientnet_b0")
 
 
-def classification(name: str, mode: str, tolerance: float = 1e-4):
+def classification(name: str, mode: str):
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None, num_classes=CLASSES).train()
     g = torch.Generator().manual_seed(0)
@@ -31,7 +31,7 @@ def classification(name: str, mode: str, tolerance: float = 1e-4):
     return compare_training(
         model, images,
         lambda logits, _: torch.nn.functional.cross_entropy(logits, labels.to(logits.device)),
-        mode=mode, steps=STEPS, tolerance=tolerance)
+        mode=mode, steps=STEPS)
 
 
 def _boxes(n: int, g: torch.Generator, size: float = 48.0) -> torch.Tensor:
