@@ -180,8 +180,7 @@ def write_report(run: dict | None) -> None:
     runs = json.loads(JSON.read_text())["runs"] if JSON.exists() else {}
     if run is not None:
         old = runs.get(run["torch"], {"libraries": {}})
-        run["libraries"] = {**old["libraries"], **run["libraries"]}
-        runs[run["torch"]] = run
+        runs[run["torch"]] = {**run, "libraries": {**old["libraries"], **run["libraries"]}}
         JSON.write_text(json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n")
     section = render(runs)
     text = MARKDOWN.read_text() if MARKDOWN.exists() else (
