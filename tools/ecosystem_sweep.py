@@ -13,7 +13,8 @@ magnitude. A training case that is not passes as "rounding" when its outputs are
 float64 runs of both devices agree (the lowerings are right; the model amplifies float32's
 rounding); otherwise it differs (by the worst figure: the error over the error allowed) or
 raises (the error's first line). CPU fallbacks are counted per op. docs/ecosystem.json keeps
-one run per torch version (a run replaces the libraries it swept under its torch version),
+one run per torch version (a run replaces, for the libraries it swept under its torch
+version, the records of the modes and cases it ran),
 and docs/ecosystem.md's sweep section is drawn from all of them; the rest of that page is
 left as it is.
 """
@@ -103,7 +104,7 @@ def _result_text(r: dict) -> str:
     if r["status"] == "pass":
         text = "pass"
     elif r["status"] == "rounding":
-        text = (f"pass, rounding: float32 {r['excess']:.2g}x the CPU's error ({r['worst']}); "
+        text = (f"pass, rounding: float32 {r['excess']:.2g}x allowed ({r['worst']}); "
                 f"float64 runs agree to {r['float64']['relative']:.1g}")
     elif r["status"] == "differs" and "excess" in r:
         text = f"differs {r['excess']:.2g}x allowed ({r['worst']}, {r['relative']:.2g})"
@@ -179,8 +180,16 @@ def write_report(run: dict | None) -> None:
     """Add `run` to docs/ecosystem.json (None: add nothing) and redraw the page's section."""
     runs = json.loads(JSON.read_text())["runs"] if JSON.exists() else {}
     if run is not None:
-        old = runs.get(run["torch"], {"libraries": {}})
-        runs[run["torch"]] = {**run, "libraries": {**old["libraries"], **run["libraries"]}}
+        old = runs.get(run["torch"], {"libraries": {}})["libraries"]
+        libraries = {**old}
+        for lib, data in run["libraries"].items():
+            kept = [r for r in old.get(lib, {}).get("cases", [])
+                    if (r["mode"] not in run["modes"] or (run["only"] and run["only"] not in
+                                                          r["case"]))
+                    and old[lib].get("version") == data.get("version")]
+            libraries[lib] = {**data, "cases": kept + data["cases"]}
+        runs[run["torch"]] = {k: v for k, v in run.items() if k not in ("modes", "only")} | {
+            "libraries": libraries}
         JSON.write_text(json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n")
     section = render(runs)
     text = MARKDOWN.read_text() if MARKDOWN.exists() else (
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run = {"torch": torch.__version__.split("+")[0], "jax": jax.__version__,
            "python": platform.python_version(), "date": datetime.date.today().isoformat(),
-           "libraries": {}}
+           "libraries": {}, "modes": list(args.modes), "only": args.only}
     for name in args.libraries or list(LIBRARIES):
         def save(data, name=name):  # a long sweep stopped midway keeps what it found
             run["libraries"][name] = data
@@ -225,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         done = []
         if args.resume and JSON.exists():
             old = json.loads(JSON.read_text())["runs"].get(run["torch"], {"libraries": {}})
-            done = old["libraries"].get(name, {}).get("cases", [])
+            done = [r for r in old["libraries"].get(name, {}).get("cases", [])
+                    if r["mode"] in args.modes and (not args.only or args.only in r["case"])]
         run["libraries"][name] = run_library(name, tuple(args.modes), args.only, save, done)
         if run["libraries"][name].get("skipped"):
             print(f"{name:12s} skipped: {run['libraries'][name]['skipped']}", flush=True)

@@ -20,6 +20,8 @@ from differential import MODES, compare_training, compared, eager_mode, to  # no
 IMAGE, BATCH, CLASSES, STEPS = 64, 2, 5, 2
 CLASSIFIERS = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5", "squeezenet1_1",
                "regnet_y_400mf", "efficientnet_b0")
+# classifiers the sweep also runs strict and compiled (each costs a cold compile)
+OTHER_MODES = ("resnet18", "regnet_y_400mf", "efficientnet_b0")
 
 
 def classification(name: str, mode: str):
@@ -116,7 +118,7 @@ def detection(mode: str, tolerance: float = 1e-4):
 TORCHVISION_OPS = {c[0] for c in _op_calls()}
 CASES = {
     **{(f"{name} training", m): (lambda name=name, m=m: classification(name, m))
-       for name in CLASSIFIERS for m in MODES if m == "fused" or name == "resnet18"},
+       for name in CLASSIFIERS for m in MODES if m == "fused" or name in OTHER_MODES},
     **{(f"ops.{name}", m): (lambda name=name, m=m: op(name, m))
        for name in sorted(TORCHVISION_OPS) for m in MODES},
     **{("fasterrcnn_mobilenet_v3_large_320_fpn eval", m): (lambda m=m: detection(m))
