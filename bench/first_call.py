@@ -61,9 +61,10 @@ class Workload:
     def key(self) -> str:
         return f"{self.model}/{self.task}"
 
-    def candidates(self) -> tuple[str, ...]:
+    def candidates(self, chosen: tuple[str, ...] = CANDIDATES) -> tuple[str, ...]:
         # continuous batching runs its own loop around the model: nothing to torch.compile
-        return tuple(c for c in CANDIDATES if not (self.task == "batch" and c == "compile cold"))
+        return tuple(c for c in CANDIDATES if c in chosen
+                     and not (self.task == "batch" and c == "compile cold"))
 
 
 def workloads() -> list[Workload]:
@@ -193,6 +194,9 @@ def child(key: str, candidate: str, small: bool) -> None:
 
         torch_pjrt.set_eager_mode("fused")
     if work.model.startswith("hf-"):
+        # Python put bench/ first on the path, where kernels.py would shadow the `kernels`
+        # package that transformers imports when it is installed.
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
         import transformers  # noqa: F401 - imports count apart from the run
     imported = time.time()
     run = _hf_run if work.model.startswith("hf-") else _zoo_run
@@ -205,7 +209,9 @@ def child(key: str, candidate: str, small: bool) -> None:
         m = torch_pjrt.metrics()
         out["metrics"] = {k: m.get(k, 0) for k in (
             "compiles", "compile_seconds", "disk_cache_hits", "disk_cache_misses",
-            "flushes", "recompiles", "aot_cache_hits")}
+            "flushes", "recompiles", "aot_cache_hits", "xla_compiles", "xla_compile_seconds",
+            "tiered_pieces", "tiered_ops", "background_compiles_queued",
+            "background_compiles", "background_compile_seconds", "graph_loops")}
     print("FIRST_CALL " + json.dumps(out), flush=True)
 
 
@@ -237,14 +243,14 @@ def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float,
 
 
 def run_round(works: list[Workload], small: bool, timeout: float,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, chosen: tuple[str, ...] = CANDIDATES) -> dict:
     """Every workload once, its candidates back to back."""
     out = {}
     for work in works:
         out[work.key] = {}
         fused = tempfile.mkdtemp(prefix="first-call-")
         try:
-            for candidate in work.candidates():
+            for candidate in work.candidates(chosen):
                 cache = fused if candidate.startswith("fused") else \
                     tempfile.mkdtemp(prefix="first-call-")
                 r = _spawn(work.key, candidate, cache, small, timeout, threads)
@@ -316,7 +322,9 @@ def _cell(r: dict) -> str:
 
 def markdown(report: dict) -> str:
     s, names = report["summary"], list(CANDIDATES)
-    lines = ["## The first minute (`python bench/first_call.py`)", "",
+    command = "python bench/first_call.py" + (
+        f" --threads {report['threads']}" if report.get("threads") else "")
+    lines = [f"## The first minute (`{command}`, {report['environment'].get('date')})", "",
              "Seconds from a new process's start (interpreter start-up and imports counted) "
              "to the end of the first training step, or of the first greedy `generate()`, "
              "and the ratio to native CPU eager measured in the same minutes (median of "
@@ -349,7 +357,9 @@ def markdown(report: dict) -> str:
     lines += ["", "Imports (seconds from the start to the end of `import torch`, "
               "`torch_pjrt`, `transformers`) and compiles of the first call "
               "(`torch_pjrt.metrics()`: programs compiled by XLA / loaded from the disk cache, "
-              "seconds compiling or loading):", "",
+              "seconds compiling or loading; pieces / ops run op by op, where any; fused "
+              "programs compiled in the background / queued by the end of the call, where "
+              "any):", "",
               "| workload | " + " | ".join(names) + " |",
               "| --- | " + " | ".join("---:" for _ in names) + " |"]
     for key, by in s.items():
@@ -362,7 +372,11 @@ def markdown(report: dict) -> str:
             m = r["metrics"]
             cells.append(f"{r['imports']:.1f} s" + (
                 f"; {m['disk_cache_misses']} / {m['disk_cache_hits']}, "
-                f"{m['compile_seconds']:.1f} s" if m else ""))
+                f"{m['compile_seconds']:.1f} s" if m else "") + (
+                f"; {m['tiered_pieces']} / {m['tiered_ops']} op by op"
+                if m and m.get("tiered_pieces") else "") + (
+                f"; {m['background_compiles']} / {m['background_compiles_queued']} behind"
+                if m and m.get("background_compiles_queued") else ""))
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     lines += ["", "Workloads:", ""] + [f"- `{w['key']}`: {w['about']}"
                                        for w in report["workloads"]]
@@ -384,6 +398,9 @@ def main() -> None:
     p.add_argument("--models", default=None,
                    help="comma-separated models (default: all), e.g. gpt,hf-llama")
     p.add_argument("--tasks", default="train,generate,batch")
+    p.add_argument("--candidates", default=",".join(CANDIDATES),
+                   help="comma-separated candidates (native CPU eager always runs: the "
+                        "ratios divide by it; fused warm needs fused cold)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900, help="seconds per process")
     # On a loaded machine PyTorch's OpenMP threads wait for each other at every op: HF
@@ -424,7 +441,13 @@ def main() -> None:
         works = [w for w in works if w.key in SMOKE]
     load_before = _load()
     start = time.time()
-    rounds = [run_round(works, args.smoke, args.timeout, args.threads)
+    chosen = {BASE, *args.candidates.split(",")}
+    if "fused warm" in chosen:
+        chosen.add("fused cold")
+    unknown = chosen - set(CANDIDATES)
+    if unknown:
+        sys.exit(f"first_call: unknown candidates {sorted(unknown)}; known: {CANDIDATES}")
+    rounds = [run_round(works, args.smoke, args.timeout, args.threads, tuple(chosen))
               for _ in range(args.rounds)]
     bad = check(rounds)
 

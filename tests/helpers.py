@@ -30,28 +30,75 @@ def to_cpu(tree: Any) -> Any:
     return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, tree)
 
 
-def assert_same(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float = 1.3e-6,
+def assert_same(actual: Any, expected: Any, *, atol: float | None = None,
+                rtol: float | None = None, scale: float = 1.0,
                 exact_dtype: bool = True) -> None:
-    """pjrt result(s) equal the CPU result(s): values, shapes, dtypes (and device is pjrt)."""
+    """pjrt result(s) equal the CPU result(s): values, shapes, dtypes (and device is pjrt).
+
+    Each tensor is held to tests/tolerance.py's `elementwise` bound for its own dtype (a
+    list of float64, float32 and bfloat16 tensors: each to its rounding), `scale` times it
+    for a computation of several roundings; an atol or rtol given replaces that part."""
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
         assert actual.device.type == DEVICE, f"result on {actual.device}, expected pjrt"
-        torch.testing.assert_close(actual.cpu(), expected, atol=atol, rtol=rtol,
+        from tolerance import elementwise
+
+        tol = elementwise(expected.dtype, scale)
+        tol.update({k: v for k, v in (("atol", atol), ("rtol", rtol)) if v is not None})
+        torch.testing.assert_close(actual.cpu(), expected, **tol,
                                    equal_nan=True, check_dtype=exact_dtype)
     elif isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected)
         for a, e in zip(actual, expected):
-            assert_same(a, e, atol=atol, rtol=rtol, exact_dtype=exact_dtype)
+            assert_same(a, e, atol=atol, rtol=rtol, scale=scale, exact_dtype=exact_dtype)
     else:
         assert actual == expected, f"{actual!r} != {expected!r}"
 
 
-def compare(fn: Callable, *args, atol: float = 1e-5, rtol: float = 1.3e-6, **kwargs) -> Any:
-    """fn(*args) on CPU and on pjrt give the same result; returns the pjrt result."""
+def compare(fn: Callable, *args, atol: float | None = None, rtol: float | None = None,
+            scale: float = 1.0, **kwargs) -> Any:
+    """fn(*args) on CPU and on pjrt give the same result (assert_same's tolerance); returns
+    the pjrt result."""
     expected = fn(*args, **kwargs)
     actual = fn(*to_device(args), **to_device(kwargs))
-    assert_same(actual, expected, atol=atol, rtol=rtol)
+    assert_same(actual, expected, atol=atol, rtol=rtol, scale=scale)
     return actual
+
+
+def float64(tree: Any) -> Any:
+    """Every floating-point tensor in `tree` as a float64 copy (complex: complex128), with
+    requires_grad kept: the inputs of a reference computation."""
+
+    def widen(x):
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
+            wide = torch.complex128 if x.is_complex() else torch.float64
+            return x.detach().to(wide).requires_grad_(x.requires_grad)
+        return x
+
+    return tree_map(widen, tree)
+
+
+def assert_as_accurate_as_cpu(actual: Any, expected: Any, reference: Any, **bound) -> None:
+    """Each pjrt result is about as close to the float64 `reference` as the CPU's `expected`
+    (tests/tolerance.py's `assert_as_accurate`, `bound` its options): the promise for a
+    computation of many roundings (attention, a layer, a network) on any processor."""
+    from tolerance import assert_as_accurate
+
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor) and actual.device.type == DEVICE, actual
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, \
+            (actual.dtype, expected.dtype, actual.shape, expected.shape)
+        assert_as_accurate(actual.detach().cpu(), expected.detach(), reference.detach(),
+                           **bound)
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected) == len(reference)
+        for i, (a, e, r) in enumerate(zip(actual, expected, reference)):
+            if e is None:
+                assert a is None, f"result {i}: pjrt computed one, the CPU none"
+            else:
+                assert_as_accurate_as_cpu(a, e, r, what=f"result {i}", **bound)
+    else:
+        assert actual == expected, f"{actual!r} != {expected!r}"
 
 
 def outputs_and_grads(fn: Callable, *tensors: torch.Tensor, seed: int = 1) -> list:

@@ -6,6 +6,7 @@ with a fused optimizer); its two fused ops are lowered (no CPU fallback)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerance import assert_as_accurate
 
 import torch_pjrt
 
@@ -25,10 +26,13 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
-def _train(device, make_opt, *, compiled=False, clip=False):
+def _train(device, make_opt, *, compiled=False, clip=False, reference=False):
     """STEPS fp16-autocast steps; per step: the scale after update(), whether the
-    parameters moved, the optimizer's step count, the host reads and flushes."""
-    model = _model().to(device)
+    parameters moved, the optimizer's step count, the host reads and flushes. `reference`:
+    the same steps in float64 without autocast, on the CPU, which the fp16 runs are
+    measured against (tests/tolerance.py)."""
+    dtype = torch.float64 if reference else torch.float32
+    model = _model().to(device, dtype)
     opt = make_opt(model.parameters())
     forward = torch.compile(model, backend="pjrt") if compiled else model
     scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 16, growth_interval=GROWTH_INTERVAL)
@@ -38,12 +42,12 @@ def _train(device, make_opt, *, compiled=False, clip=False):
         x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
         if step == OVERFLOW_STEP:
             x[0, 0] = float("inf")
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device, dtype), y.to(device)
         before = [p.detach().cpu().clone() for p in model.parameters()]
         torch_pjrt.counters.reset()
-        with torch.autocast(device, dtype=torch.float16):
+        with torch.autocast(device, dtype=torch.float16, enabled=not reference):
             loss = F.cross_entropy(forward(x), y)
-        assert loss.dtype == torch.float32
+        assert loss.dtype == dtype
         opt.zero_grad()
         scaler.scale(loss).backward()
         if clip:
@@ -60,6 +64,13 @@ def _train(device, make_opt, *, compiled=False, clip=False):
                         "read_flushes": metrics.get("flushes.data read", 0),
                         "fallbacks": metrics["cpu_fallbacks"]})
     return history, [p.detach().cpu() for p in model.parameters()]
+
+
+def _as_accurate(params, cpu_params, make_opt, **kw):
+    """Parameters after the fp16 steps as accurate as the CPU's against the float64 run."""
+    _, wide = _train("cpu", make_opt, reference=True, **kw)
+    for i, (p, e, r) in enumerate(zip(params, cpu_params, wide)):
+        assert_as_accurate(p, e, r, what=f"parameter {i}")
 
 
 def _same_schedule(history, cpu_history):
@@ -91,8 +102,7 @@ def test_training_matches_cpu(opt):
     _same_schedule(history, cpu_history)
     assert [h["scale"] for h in history] == _expected_scales()
     assert [h["moved"] for h in history] == [step != OVERFLOW_STEP for step in range(STEPS)]
-    for p, e in zip(params, cpu_params):
-        torch.testing.assert_close(p, e, atol=2e-3, rtol=2e-3)
+    _as_accurate(params, cpu_params, OPTIMIZERS[opt])
 
 
 @pytest.mark.parametrize("opt", OPTIMIZERS)
@@ -113,8 +123,7 @@ def test_unscale_and_clip():
     history, params = _train("pjrt", OPTIMIZERS["sgd_foreach"], clip=True)
     cpu_history, cpu_params = _train("cpu", OPTIMIZERS["sgd_foreach"], clip=True)
     _same_schedule(history, cpu_history)
-    for p, e in zip(params, cpu_params):
-        torch.testing.assert_close(p, e, atol=2e-3, rtol=2e-3)
+    _as_accurate(params, cpu_params, OPTIMIZERS["sgd_foreach"], clip=True)
 
 
 def test_compiled_model():
@@ -122,8 +131,7 @@ def test_compiled_model():
     history, params = _train("pjrt", OPTIMIZERS["adam_fused"], compiled=True)
     cpu_history, cpu_params = _train("cpu", OPTIMIZERS["adam_fused"])
     _same_schedule(history, cpu_history)
-    for p, e in zip(params, cpu_params):
-        torch.testing.assert_close(p, e, atol=2e-3, rtol=2e-3)
+    _as_accurate(params, cpu_params, OPTIMIZERS["adam_fused"])
 
 
 # --------------------------------------------------------- the two fused ops, directly

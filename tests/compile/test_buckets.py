@@ -7,6 +7,7 @@ import torch
 import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import assert_as_accurate_as_cpu
 
 import torch_pjrt
 from torch_pjrt.compile import buckets
@@ -33,6 +34,12 @@ def test_bucket_policy():
         assert n <= b and (n <= 16 or b <= 1.25 * n)
 
 
+def _float64(module: nn.Module) -> nn.Module:
+    """The model's float64 copy: padded programs are held to be as accurate as the CPU
+    against it (tests/tolerance.py), on any processor."""
+    return copy.deepcopy(module).double()
+
+
 def _mlp():
     return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(),
                          nn.Linear(32, 4))
@@ -41,11 +48,11 @@ def _mlp():
 def test_mlp_inference_one_program_per_bucket():
     model = _mlp()
     fn = torch.compile(copy.deepcopy(model).to("pjrt"), backend="pjrt")
+    wide = _float64(model)
     with torch.no_grad():
         for b in (3, 5, 7, 8):  # buckets 4, 8, 8, 8
             x = torch.randn(b, 8)
-            torch.testing.assert_close(fn(_dynamic(x, 0)).cpu(), model(x), atol=1e-5,
-                                       rtol=1e-5)
+            assert_as_accurate_as_cpu(fn(_dynamic(x, 0)), model(x), wide(x.double()))
     assert _programs() == 2
     assert torch_pjrt.metrics().get("bucket_fallback_graphs", 0) == 0
 
@@ -55,12 +62,13 @@ def test_mlp_training_gradients_match():
     model = _mlp()
     dev = copy.deepcopy(model).to("pjrt")
     fn = torch.compile(dev, backend="pjrt")
+    wide = _float64(model)
     for b in (3, 5, 7, 8):
         x, y = torch.randn(b, 8), torch.randn(b, 4)
         F.mse_loss(model(x), y).backward()
+        F.mse_loss(wide(x.double()), y.double()).backward()
         F.mse_loss(fn(_dynamic(x, 0)), y.to("pjrt")).backward()
-        for p, q in zip(dev.parameters(), model.parameters()):
-            torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4)
+        assert_as_accurate_as_cpu(*([p.grad for p in m.parameters()] for m in (dev, model, wide)))
     assert _programs() == 4  # forward and backward, two buckets
 
 
@@ -71,18 +79,19 @@ def _gpt_step(sizes, dim: int, train: bool = True):
     model = GPT(GPTConfig(vocab=64, seq_len=64, layers=1, d_model=32, heads=2))
     dev = copy.deepcopy(model).to("pjrt")
     fn = torch.compile(dev, backend="pjrt")
+    wide = _float64(model)
     for b, t in sizes:
         x, y = torch.randint(0, 64, (b, t)), torch.randint(0, 64, (b, t))
         with torch.set_grad_enabled(train):
             logits, loss = model(x, y)
+            logits_w, loss_w = wide(x, y)
             logits_d, loss_d = fn(_dynamic(x, dim), _dynamic(y, dim))
-        torch.testing.assert_close(logits_d.cpu(), logits, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(loss_d.cpu(), loss, atol=1e-5, rtol=1e-5)
+        assert_as_accurate_as_cpu([logits_d, loss_d], [logits, loss], [logits_w, loss_w])
         if train:
-            loss.backward()
-            loss_d.backward()
-            for p, q in zip(dev.parameters(), model.parameters()):
-                torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4)
+            for t in (loss, loss_w, loss_d):
+                t.backward()
+            assert_as_accurate_as_cpu(*([p.grad for p in m.parameters()]
+                                        for m in (dev, model, wide)))
     assert torch_pjrt.metrics().get("bucket_fallback_graphs", 0) == 0
 
 
@@ -109,7 +118,7 @@ def test_unclassified_op_falls_back_to_one_program_per_shape():
     with pytest.warns(UserWarning, match="padding to buckets does not handle"):
         for n in (3, 5, 6):
             x = torch.randn(n, 4)
-            torch.testing.assert_close(fn(_dynamic(x, 0)).cpu(), f(x), atol=1e-5, rtol=1e-5)
+            assert_as_accurate_as_cpu(fn(_dynamic(x, 0)), f(x), f(x.double()))
     m = torch_pjrt.metrics()
     assert m["bucket_fallback_graphs"] >= 1 and _programs() == 0
 
@@ -118,11 +127,11 @@ def test_buckets_off_compiles_per_shape(monkeypatch):
     monkeypatch.setenv("TORCH_PJRT_BUCKETS", "0")
     model = _mlp()
     fn = torch.compile(copy.deepcopy(model).to("pjrt"), backend="pjrt")
+    wide = _float64(model)
     with torch.no_grad():
         for b in (5, 6, 7):
             x = torch.randn(b, 8)
-            torch.testing.assert_close(fn(_dynamic(x, 0)).cpu(), model(x), atol=1e-5,
-                                       rtol=1e-5)
+            assert_as_accurate_as_cpu(fn(_dynamic(x, 0)), model(x), wide(x.double()))
     assert _programs() == 0
     # three shapes, three programs (eager code between the calls may recompile too)
     assert torch_pjrt.metrics()["recompiles.compiled"] == 2

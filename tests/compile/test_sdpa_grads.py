@@ -4,6 +4,7 @@ CPU eager's (and eager pjrt's), for the layouts models give q, k and v."""
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerance import assert_as_accurate
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -18,14 +19,14 @@ def _qkv(layout: str, q, k, v):
     return [q, k, v]
 
 
-def _grads(device: str, compiled: bool, layout: str, inputs, **kwargs):
-    leaves = [t.detach().to(device).requires_grad_() for t in _qkv(layout, *inputs)]
+def _grads(device: str, compiled: bool, layout: str, inputs, dtype=torch.float32, **kwargs):
+    leaves = [t.detach().to(device, dtype).requires_grad_() for t in _qkv(layout, *inputs)]
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kwargs)  # noqa: E731
     if compiled:
         torch._dynamo.reset()
         fn = torch.compile(fn, backend="pjrt")
     out = fn(*leaves)
-    out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device))
+    out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device, dtype))
     return [t.grad for t in leaves]
 
 
@@ -40,8 +41,9 @@ def test_sdpa_gradients_compiled_match_eager_strides(layout, kwargs):
     cpu = _grads("cpu", False, layout, inputs, **kwargs)
     eager = _grads("pjrt", False, layout, inputs, **kwargs)
     compiled = _grads("pjrt", True, layout, inputs, **kwargs)
-    for c, e, m in zip(cpu, eager, compiled):
-        torch.testing.assert_close(m.cpu(), c, atol=1e-5, rtol=1e-4)
+    wide = _grads("cpu", False, layout, inputs, torch.float64, **kwargs)
+    for c, e, m, r in zip(cpu, eager, compiled, wide):
+        assert_as_accurate(m.cpu(), c, r)  # (tests/tolerance.py: against float64)
         assert _layout(m) == _layout(e) == _layout(c)
 
 
@@ -57,8 +59,10 @@ def test_sdpa_gradient_through_a_fused_qkv_projection():
 
     leaves = [t.clone().requires_grad_() for t in (x, w)]
     step(*leaves).backward()
+    wide = [t.double().requires_grad_() for t in (x, w)]
+    step(*wide).backward()
     dev = [t.to("pjrt").requires_grad_() for t in (x, w)]
     torch.compile(step, backend="pjrt")(*dev).backward()
-    for d, c in zip(dev, leaves):
-        torch.testing.assert_close(d.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
+    for d, c, r in zip(dev, leaves, wide):
+        assert_as_accurate(d.grad.cpu(), c.grad, r.grad)
         assert _layout(d.grad) == _layout(c.grad)

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import assert_as_accurate_as_cpu
+from tolerance import adamw_step_sensitivity, assert_as_accurate
 
 pytestmark = pytest.mark.usefixtures("eager_mode")
 
@@ -30,17 +32,24 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def _train(model, device, steps, opt_cls, data, **opt_kw):
-    model = model.to(device)
+def _train(model, device, steps, opt_cls, data, dtype=torch.float32, **opt_kw):
+    """Losses, the trained model, and per parameter how much Adam's steps amplified its
+    gradients' rounding (tests/tolerance.py; 1 for SGD)."""
+    model = model.to(device, dtype)
     opt = opt_cls(model.parameters(), **opt_kw)
-    losses = []
+    losses, sensitivity = [], [torch.zeros(()) for _ in model.parameters()]
     for x, y in data:
         opt.zero_grad()
         loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.to(device).flatten())
         loss.backward()
         opt.step()
-        losses.append(loss.item())
-    return losses, model
+        losses.append(loss.detach())
+        if "exp_avg_sq" in opt.state[next(model.parameters())]:
+            found = adamw_step_sensitivity(opt)
+            sensitivity = [s + found[p] for s, p in zip(sensitivity, model.parameters())]
+    if opt_cls is torch.optim.SGD:
+        sensitivity = [None for _ in sensitivity]
+    return torch.stack(losses), model, sensitivity
 
 
 @pytest.mark.parametrize("opt_cls,kw", [
@@ -52,25 +61,31 @@ def test_gpt_training_matches_cpu(opt_cls, kw):
     torch.manual_seed(0)
     model = TinyGPT()
     data = [(torch.randint(0, 32, (4, 16)), torch.randint(0, 32, (4, 16))) for _ in range(4)]
-    cpu_losses, cpu_model = _train(copy.deepcopy(model), "cpu", 4, opt_cls, data, **kw)
-    dev_losses, dev_model = _train(copy.deepcopy(model), "pjrt", 4, opt_cls, data, **kw)
-    assert dev_losses == pytest.approx(cpu_losses, rel=1e-4, abs=1e-4)
+    cpu_losses, cpu_model, sensitivity = _train(copy.deepcopy(model), "cpu", 4, opt_cls,
+                                                data, **kw)
+    dev_losses, dev_model, _ = _train(copy.deepcopy(model), "pjrt", 4, opt_cls, data, **kw)
+    wide_losses, wide_model, _ = _train(copy.deepcopy(model), "cpu", 4, opt_cls, data,
+                                        torch.float64, **kw)
+    assert_as_accurate_as_cpu(dev_losses, cpu_losses, wide_losses)
     # Adam turns float noise in exactly-zero gradients (the attention key bias) into
-    # steps of size lr on either device, so its parameters agree only to ~lr/10.
-    atol = 1e-3 if opt_cls is not torch.optim.SGD else 2e-5
-    for (name, p), q in zip(cpu_model.named_parameters(), dev_model.parameters()):
-        torch.testing.assert_close(q.cpu(), p, atol=atol, rtol=1e-3, msg=name)
+    # steps of size lr on either device: each parameter's bound follows its amplification
+    for (name, p), q, r, amplified in zip(cpu_model.named_parameters(), dev_model.parameters(),
+                                          wide_model.parameters(), sensitivity):
+        assert_as_accurate(q.detach().cpu(), p.detach(), r.detach(), sensitivity=amplified,
+                           what=name)
 
 
 def test_gpt_gradients_match_cpu():
     torch.manual_seed(0)
     model = TinyGPT()
     dev_model = copy.deepcopy(model).to("pjrt")
+    wide = copy.deepcopy(model).double()
     x, y = torch.randint(0, 32, (4, 16)), torch.randint(0, 32, (4, 16))
-    F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
-    F.cross_entropy(dev_model(x.to("pjrt")).flatten(0, 1), y.to("pjrt").flatten()).backward()
-    for (name, p), q in zip(model.named_parameters(), dev_model.parameters()):
-        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    for m in (model, dev_model, wide):
+        device = next(m.parameters()).device
+        F.cross_entropy(m(x.to(device)).flatten(0, 1), y.to(device).flatten()).backward()
+    assert_as_accurate_as_cpu(*([p.grad for p in m.parameters()]
+                                for m in (dev_model, model, wide)))
 
 
 def test_gradients_of_views_and_in_place():

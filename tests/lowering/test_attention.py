@@ -9,8 +9,16 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import SLOW_TESTS, assert_same, outputs_and_grads, to_device
+from helpers import (
+    SLOW_TESTS,
+    assert_as_accurate_as_cpu,
+    assert_same,
+    float64,
+    outputs_and_grads,
+    to_device,
+)
 from opinfo_diff import check_samples, fallbacks_of
+from tolerance import assert_as_accurate
 
 import torch_pjrt
 from torch_pjrt.lowering.families import attention
@@ -76,7 +84,8 @@ def test_sdpa_matches_cpu(case, mode):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
     actual = outputs_and_grads(_in_mode(mode, fn), *to_device(tensors))
-    assert_same(actual, outputs_and_grads(fn, *tensors), atol=2e-5, rtol=2e-5)
+    assert_as_accurate_as_cpu(actual, outputs_and_grads(fn, *tensors),
+                              outputs_and_grads(fn, *float64(tensors)))
     assert not fallbacks_of(ATTENTION_OPS)
 
 
@@ -143,11 +152,12 @@ def test_sdpa_kernel_context_picks_the_path(backend, fused):
         return out.detach(), q.grad, k.grad, v.grad
 
     expected = fn(*[t.detach().requires_grad_() for t in (q, k, v)])
+    reference = fn(*[t.detach().double().requires_grad_() for t in (q, k, v)])
     leaves = [t.detach().to("pjrt").requires_grad_() for t in (q, k, v)]
     with sdpa_kernel(getattr(SDPBackend, backend)):
         names, actual = _ops_called(fn, *leaves)
     assert ("_scaled_dot_product_fused_attention_overrideable" in names) == fused, names
-    assert_same(list(actual), list(expected), atol=2e-5, rtol=2e-5)
+    assert_as_accurate_as_cpu(list(actual), list(expected), list(reference))
 
 
 def test_safe_softmax_zeroes_fully_masked_rows():
@@ -201,16 +211,20 @@ def strategy(request, monkeypatch):
 def test_fused_attention_lowering(case, strategy):
     q, k, v, mask, kw = CASES[case]
     cot = torch.randn(q.shape[:-1] + (v.shape[-1],))
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     float_mask = mask is not None and mask.is_floating_point()
-    mask_leaf = mask.clone().requires_grad_(True) if float_mask else mask
-    out = F.scaled_dot_product_attention(*leaves, attn_mask=mask_leaf, **kw)
-    out.backward(cot)
-    expected = [out] + [t.grad for t in leaves] + [mask_leaf.grad if float_mask else None]
+
+    def torch_sdpa(dtype):
+        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+        mask_leaf = mask.detach().to(dtype).requires_grad_(True) if float_mask else mask
+        out = F.scaled_dot_product_attention(*leaves, attn_mask=mask_leaf, **kw)
+        out.backward(cot.to(dtype))
+        return [out] + [t.grad for t in leaves] + [mask_leaf.grad if float_mask else None]
+
+    expected, reference = torch_sdpa(torch.float32), torch_sdpa(torch.float64)
     actual = _fused_lowering(q, k, v, mask, kw.get("is_causal", False), kw.get("scale"), cot)
-    for a, e in zip(actual, expected):
+    for a, e, r in zip(actual, expected, reference):
         if e is not None:
-            torch.testing.assert_close(a, e, atol=2e-5, rtol=2e-5)
+            assert_as_accurate(a, e.detach(), r.detach())
 
 
 def test_fused_attention_causal_with_a_bias(strategy):
@@ -220,14 +234,18 @@ def test_fused_attention_causal_with_a_bias(strategy):
     causal = torch.ones(L, S, dtype=torch.bool).tril()
     combined = bias.masked_fill(~causal, NEG_INF)
     cot = torch.randn(q.shape[:-1] + (v.shape[-1],))
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, combined)]
-    out = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], enable_gqa=True)
-    out.backward(cot)
+
+    def torch_sdpa(dtype):
+        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v, combined)]
+        out = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], enable_gqa=True)
+        out.backward(cot.to(dtype))
+        found = [out.detach()] + [t.grad for t in leaves]
+        found[-1] = found[-1].masked_fill(~causal, 0)
+        return found
+
     actual = _fused_lowering(q, k, v, bias, True, None, cot)
-    expected = [out] + [t.grad for t in leaves]
-    expected[-1] = expected[-1].masked_fill(~causal, 0)
-    for a, e in zip(actual, expected):
-        torch.testing.assert_close(a, e, atol=2e-5, rtol=2e-5)
+    for a, e, r in zip(actual, torch_sdpa(torch.float32), torch_sdpa(torch.float64)):
+        assert_as_accurate(a, e, r)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -253,7 +271,8 @@ def test_fused_attention_dropout_backward_matches_its_forward(strategy, causal):
 def test_fused_attention_op_on_device():
     q, k, v = _qkv()
     out = aten._scaled_dot_product_fused_attention_overrideable(*to_device((q, k, v)))[0]
-    assert_same(out, F.scaled_dot_product_attention(q, k, v), atol=2e-5, rtol=2e-5)
+    assert_as_accurate_as_cpu(out, F.scaled_dot_product_attention(q, k, v),
+                              F.scaled_dot_product_attention(*float64((q, k, v))))
 
 
 # ------------------------------------------------------ a transformer block
@@ -280,13 +299,14 @@ def test_attention_block_forward_backward_matches_cpu():
     x = torch.randn(2, 10, 32)
     before = dict(torch_pjrt.metrics()["cpu_fallbacks"])
     results = []
-    for device in ("cpu", "pjrt"):
-        m = copy.deepcopy(block).to(device)
-        xd = x.detach().to(device).requires_grad_()
+    for device, dtype in (("cpu", torch.float32), ("pjrt", torch.float32),
+                          ("cpu", torch.float64)):
+        m = copy.deepcopy(block).to(device, dtype)
+        xd = x.detach().to(device, dtype).requires_grad_()
         out = m(xd)
         out.pow(2).mean().backward()
         results.append([out, xd.grad] + [p.grad for p in m.parameters()])
-    assert_same(results[1], results[0], atol=1e-5, rtol=1e-4)
+    assert_as_accurate_as_cpu(results[1], results[0], results[2])
     assert torch_pjrt.metrics()["cpu_fallbacks"] == before
 
 
@@ -298,9 +318,11 @@ def test_eager_sdpa_takes_the_lowered_fused_kernel():
     dq, dk, dv = (t.detach().to("pjrt").requires_grad_() for t in (q, k, v))
     out = F.scaled_dot_product_attention(dq, dk, dv, is_causal=True)
     out.sum().backward()
-    ref_q = q.detach().requires_grad_()
-    ref = F.scaled_dot_product_attention(ref_q, k, v, is_causal=True)
-    ref.sum().backward()
-    assert_same(out.detach(), ref.detach(), atol=2e-5, rtol=2e-5)
-    assert_same(dq.grad, ref_q.grad, atol=2e-5, rtol=2e-5)
+    found = []
+    for dtype in (torch.float32, torch.float64):
+        ref_q = q.detach().to(dtype).requires_grad_()
+        ref = F.scaled_dot_product_attention(ref_q, k.to(dtype), v.to(dtype), is_causal=True)
+        ref.sum().backward()
+        found.append([ref.detach(), ref_q.grad])
+    assert_as_accurate_as_cpu([out.detach(), dq.grad], *found)
     assert "softmax" not in " ".join(torch_pjrt.counters._counters)  # not the math path

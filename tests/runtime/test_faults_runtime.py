@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerance import adamw_step_sensitivity, assert_as_accurate
 
 import torch_pjrt
 from torch_pjrt.eager import graph
@@ -27,27 +28,35 @@ def _batch(step, n=16):
 
 
 class Trainer:
-    """The same model and AdamW on the CPU and on pjrt, stepped together."""
+    """The same model and AdamW on the CPU and on pjrt, stepped together, and in float64 on
+    the CPU: the reference both are measured against (tests/tolerance.py)."""
 
     def __init__(self):
         self.cpu = _model()
         self.dev = copy.deepcopy(self.cpu).to("pjrt")  # (threads share the CPU generator)
-        self.opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (self.cpu, self.dev)]
+        self.wide = copy.deepcopy(self.cpu).double()
+        self.models = (self.cpu, self.dev, self.wide)
+        self.opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in self.models]
+        self.sensitivity = [0.0 for _ in self.cpu.parameters()]
 
     def step(self, step):
         x, y = _batch(step)
         losses = []
-        for model, opt, device in zip((self.cpu, self.dev), self.opts, ("cpu", "pjrt")):
+        for model, opt, device, dtype in zip(self.models, self.opts, ("cpu", "pjrt", "cpu"),
+                                             (torch.float32, torch.float32, torch.float64)):
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss = F.cross_entropy(model(x.to(device, dtype)), y.to(device))
             loss.backward()
             opt.step()
-            losses.append(loss)
-        torch.testing.assert_close(losses[1].cpu(), losses[0], atol=1e-5, rtol=1e-5)
+            losses.append(loss.detach())
+        found = adamw_step_sensitivity(self.opts[0])
+        self.sensitivity = [s + found[p] for s, p in zip(self.sensitivity,
+                                                         self.cpu.parameters())]
+        assert_as_accurate(losses[1].cpu(), losses[0], losses[2], what="loss")
 
     def check_same(self):
-        for p, q in zip(self.cpu.parameters(), self.dev.parameters()):
-            torch.testing.assert_close(q.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5)
+        for p, q, r, amplified in zip(*(m.parameters() for m in self.models), self.sensitivity):
+            assert_as_accurate(q.detach().cpu(), p.detach(), r.detach(), sensitivity=amplified)
 
 
 @pytest.fixture
@@ -149,12 +158,14 @@ def test_tensors_used_from_several_threads_at_once(mode):
             g = torch.Generator().manual_seed(seed)
             w, x = torch.randn(32, 32, generator=g) / 6, torch.randn(8, 32, generator=g)
             wd, xd = w.to("pjrt"), x.to("pjrt")
+            w64, x64 = w.double(), x.double()
             start.wait()
             for i in range(40):
                 xd = torch.tanh(xd @ wd) + 0.1 * i
                 x = torch.tanh(x @ w) + 0.1 * i
+                x64 = torch.tanh(x64 @ w64) + 0.1 * i
                 if i % 7 == 0:
-                    torch.testing.assert_close(xd.cpu(), x, atol=1e-5, rtol=1e-5)
+                    assert_as_accurate(xd.cpu(), x, x64)
             t = Trainer()
             for step in range(6):
                 t.step(step + 10 * seed)
