@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from helpers import compare_products
 from tolerance import (
+    accuracy_excess,
     assert_as_accurate,
     assert_no_less_accurate,
     assert_within,
@@ -75,8 +76,12 @@ def test_as_accurate_fails_a_network_with_a_wrong_activation():
         return model[2].weight.detach()
 
     expected, reference = trained(net, "cpu"), trained(net, "cpu", torch.float64)
-    assert_as_accurate(trained(net, "pjrt"), expected, reference)
+    right = trained(net, "pjrt")
+    assert_as_accurate(right, expected, reference)
+    assert accuracy_excess(right, expected, reference) <= 1
     wrong = copy.deepcopy(net)
     wrong[1] = torch.nn.GELU(approximate="tanh")
+    wrong = trained(wrong, "pjrt")
     with pytest.raises(AssertionError, match="differ past the bound"):
-        assert_as_accurate(trained(wrong, "pjrt"), expected, reference)
+        assert_as_accurate(wrong, expected, reference)
+    assert accuracy_excess(wrong, expected, reference) > 1

@@ -157,6 +157,19 @@ def flushed(dtype: torch.dtype) -> float:
     return info.tiny / info.eps
 
 
+def _as_accurate_bound(expected: torch.Tensor, reference: torch.Tensor, factor: float,
+                       ulps: float, sensitivity: torch.Tensor | None, atol: float = 0.0):
+    """The value assert_as_accurate compares with (the float64 reference; the CPU's own
+    result where either is not finite) and the elementwise bound around it."""
+    ref, cpu = wide(reference), wide(expected)
+    finite = ref.isfinite() & cpu.isfinite()
+    scale = torch.ones(()) if sensitivity is None else wide(sensitivity)
+    cpu_error = ((cpu - ref).abs() / scale).where(finite, torch.zeros(()))
+    worst = cpu_error.max() if ref.numel() else torch.zeros(())
+    bound = factor * worst * scale + ulps * ulp(ref, expected.dtype) + atol
+    return ref.where(finite, cpu), bound.where(finite, torch.zeros(()))
+
+
 def assert_as_accurate(actual: torch.Tensor, expected: torch.Tensor,
                        reference: torch.Tensor, *, factor: float = 8, ulps: float = 4,
                        sensitivity: torch.Tensor | None = None, atol: float = 0.0,
@@ -175,13 +188,24 @@ def assert_as_accurate(actual: torch.Tensor, expected: torch.Tensor,
     if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
         assert torch.equal(actual.cpu(), expected.cpu()), f"{what}: integers differ"
         return
-    ref, cpu = wide(reference), wide(expected)
-    finite = ref.isfinite() & cpu.isfinite()
-    scale = torch.ones(()) if sensitivity is None else wide(sensitivity)
-    cpu_error = ((cpu - ref).abs() / scale).where(finite, torch.zeros(()))
-    worst = cpu_error.max() if ref.numel() else torch.zeros(())
-    bound = factor * worst * scale + ulps * ulp(ref, expected.dtype) + atol
-    assert_within(actual, ref.where(finite, cpu), bound.where(finite, torch.zeros(())), what)
+    target, bound = _as_accurate_bound(expected, reference, factor, ulps, sensitivity, atol)
+    assert_within(actual, target, bound, what)
+
+
+def accuracy_excess(actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor,
+                    *, factor: float = 8, ulps: float = 4,
+                    sensitivity: torch.Tensor | None = None, atol: float = 0.0) -> float:
+    """assert_as_accurate's verdict as a number: the largest ratio, over the elements, of
+    pjrt's error against the float64 `reference` to the bound; at most 1 passes (infinite
+    where the bound is 0 and the error is not: an integer, infinity or NaN that differs)."""
+    if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
+        return 0.0 if torch.equal(actual.cpu(), expected.cpu()) else float("inf")
+    target, bound = _as_accurate_bound(expected, reference, factor, ulps, sensitivity, atol)
+    a = wide(actual)
+    same = (a.isnan() & target.isnan()) | ((a == target) & a.isinf())
+    error = (a - target).abs().nan_to_num(nan=float("inf")).where(~same, torch.zeros(()))
+    ratio = (error / bound).where(error > 0, torch.zeros(()))
+    return float(ratio.max()) if ratio.numel() else 0.0
 
 
 def adamw_step_sensitivity(optimizer: torch.optim.Optimizer) -> dict:

@@ -62,12 +62,11 @@ class NoiseStep(torch.nn.Module):
         return self.unet(noisy, timestep, *(() if text is None else (text,))).sample
 
 
-def training(build, channels: int, conditioned: bool, mode: str, tolerance: float = 1e-4):
+def training(build, channels: int, conditioned: bool, mode: str):
     return compare_training(
         NoiseStep(build()), _noisy_batch(channels, conditioned),
         lambda pred, batch: torch.nn.functional.mse_loss(pred, batch["noise"]),
-        mode=mode, steps=3, tolerance=tolerance,
-        optimizer=_adamw)
+        mode=mode, steps=3, optimizer=_adamw)
 
 
 def _adamw(params):
