@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 
 import torch
-from helpers import assert_same, spread_samples, to_device
+from helpers import assert_as_accurate_as_cpu, assert_same, float64, spread_samples, to_device
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torch_pjrt
@@ -45,9 +45,13 @@ TOLERANCES = {torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1.6e-2)}
 
 def check_samples(name: str, variant: str = "", *, dtypes=(torch.float32,), grad: bool = True,
                   check: Callable | None = None, skip: Callable | None = None,
-                  atol: float | None = None, rtol: float | None = None) -> int:
+                  atol: float | None = None, rtol: float | None = None,
+                  accuracy: bool = False) -> int:
     """Every OpInfo sample of the op on pjrt equals CPU (and so do the input gradients);
-    `check(actual, expected, sample)` replaces the plain comparison. Returns the count."""
+    `check(actual, expected, sample)` replaces the plain comparison. `accuracy`: results
+    and gradients are held to be as accurate as the CPU's against the op run on float64
+    copies of the sample (tests/tolerance.py), for ops of many roundings (attention,
+    normalizations). Returns the count."""
     info = opinfo(name, variant)
     n = 0
     default_atol, default_rtol = atol, rtol
@@ -67,8 +71,13 @@ def check_samples(name: str, variant: str = "", *, dtypes=(torch.float32,), grad
             actual = info.op(*dev_args, **dev_kwargs)
             expected_p = sample.output_process_fn_grad(expected)
             actual_p = sample.output_process_fn_grad(actual)
+            wide_args, wide_kwargs = (float64(args), float64(sample.kwargs)) if accuracy \
+                else (None, None)
             if check is not None:
                 check(actual, expected, sample)
+            elif accuracy:
+                reference = info.op(*wide_args, **wide_kwargs)
+                assert_as_accurate_as_cpu(_floats(actual), _floats(expected), _floats(reference))
             else:
                 assert_same(actual, expected, atol=atol, rtol=rtol)
             if not wants_grad:
@@ -80,11 +89,24 @@ def check_samples(name: str, variant: str = "", *, dtypes=(torch.float32,), grad
             if g_cpu is None:
                 continue
             g_dev = _backward(actual_p, cot, dev_leaves)
+            if accuracy:
+                wide_leaves = [t for t in _tensors(wide_args) if t.requires_grad]
+                wide_out = sample.output_process_fn_grad(info.op(*wide_args, **wide_kwargs))
+                g_wide = _backward(wide_out, [c.double() for c in cot], wide_leaves)
+                for a, e, r in zip(g_dev, g_cpu, g_wide):
+                    if e is not None:
+                        assert_as_accurate_as_cpu(a, e, r)
+                continue
             for a, e in zip(g_dev, g_cpu):
                 if e is None:
                     continue
                 assert_same(a, e, atol=atol * 10, rtol=rtol * 10)
     return n
+
+
+def _floats(out) -> list:
+    """The floating-point tensors of an op's result, in order (what accuracy compares)."""
+    return [t for t in _tensors(out) if t.is_floating_point()]
 
 
 def fallbacks_of(names) -> dict:

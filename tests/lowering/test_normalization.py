@@ -142,7 +142,7 @@ def _same_but_eval_stats(actual, expected, sample):
     ("_batch_norm_with_update", ""), ("nn.functional.instance_norm", ""),
     ("nn.functional.group_norm", ""), ("native_group_norm", "")])
 def test_opinfo_samples(name, variant):
-    assert check_samples(name, variant, atol=1e-4, rtol=1e-4) > 0
+    assert check_samples(name, variant, accuracy=True) > 0
     assert not fallbacks_of(NORM_OPS)
 
 
