@@ -72,4 +72,4 @@ def test_losses_made_like_their_input(loss, reduction, dtypes):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(40, generator=gen).to(dtypes[0])
     t = torch.randn(40, generator=gen).to(dtypes[1])
-    compare(lambda a, b: loss(a, b, reduction=reduction), x, t, atol=1e-2, rtol=1e-2)
+    compare(lambda a, b: loss(a, b, reduction=reduction), x, t)  # (the result dtype's bound)

@@ -6,6 +6,8 @@ import copy
 
 import pytest
 import torch
+from helpers import float64
+from tolerance import assert_as_accurate
 
 import torch_pjrt
 
@@ -18,7 +20,7 @@ def _compiles() -> int:
 
 def _check(fn, *cpu_args):
     got = fn(*[a.to("pjrt") for a in cpu_args])
-    torch.testing.assert_close(got.cpu(), fn(*cpu_args), rtol=1e-5, atol=1e-6)
+    assert_as_accurate(got.cpu(), fn(*cpu_args), fn(*float64(list(cpu_args))))
 
 
 def test_a_pool_of_batches_compiles_once_for_every_nonzero_offset():
@@ -29,8 +31,9 @@ def test_a_pool_of_batches_compiles_once_for_every_nonzero_offset():
     for i in range(12):
         before = _compiles()
         got = torch.nn.functional.gelu(d[i] @ dw).softmax(-1).sum(0)
-        torch.testing.assert_close(got.cpu(), torch.nn.functional.gelu(data[i] @ w)
-                                   .softmax(-1).sum(0), rtol=1e-5, atol=1e-6)
+        expected, reference = (torch.nn.functional.gelu(t[i] @ v).softmax(-1).sum(0)
+                               for t, v in ((data, w), (data.double(), w.double())))
+        assert_as_accurate(got.cpu(), expected, reference)
         counts.append(_compiles() - before)
     assert sum(counts[2:]) == 0, counts  # offset 0, then one program for every other
 
