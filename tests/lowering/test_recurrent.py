@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn as nn
-from helpers import assert_same, to_device
+from helpers import assert_as_accurate_as_cpu, float64, to_device
 
 import torch_pjrt
 
@@ -40,7 +40,8 @@ def test_rnn_training_matches_cpu(kind, bias, mode):
     torch._dynamo.reset()
     with torch_pjrt.set_eager_mode("strict" if mode == "strict" else "fused"):
         actual = _outputs_and_grads(dev, to_device(x), compiled=mode == "compile")
-    assert_same(actual, expected, atol=2e-6, rtol=1e-5)
+    reference = _outputs_and_grads(copy.deepcopy(model).double(), x.double())
+    assert_as_accurate_as_cpu(actual, expected, reference)
     assert torch_pjrt.metrics()["cpu_fallbacks"] == {}
 
 
@@ -52,7 +53,8 @@ def test_cells_with_given_state(kind):
     state = (h, torch.randn(2, 5)) if kind == "lstm" else h
     expected = cell(x, state)
     dev = copy.deepcopy(cell).to("pjrt")
-    assert_same(dev(to_device(x), to_device(state)), expected, atol=1e-6, rtol=1e-5)
+    reference = copy.deepcopy(cell).double()(x.double(), float64(state))
+    assert_as_accurate_as_cpu(dev(to_device(x), to_device(state)), expected, reference)
 
 
 def test_fused_cell_checks_sizes():
