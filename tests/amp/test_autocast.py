@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from helpers import to_device
 from policy_samples import FALLTHROUGH, SAMPLES, expected_dtype, first_float, prepare
+from tolerance import assert_as_accurate
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_pjrt
@@ -239,12 +240,14 @@ def test_autograd_matches_cpu_autocast():
             loss = F.cross_entropy(logits, y.to(device))
         assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
         loss.backward()
-        results.append((loss.detach().cpu(), [p.grad.cpu() for p in m.parameters()]))
+        results.append([loss.detach().cpu()] + [p.grad.cpu() for p in m.parameters()])
         assert all(p.grad.dtype == torch.float32 for p in m.parameters())
-    (loss_cpu, grads_cpu), (loss_pjrt, grads_pjrt) = results
-    torch.testing.assert_close(loss_pjrt, loss_cpu, atol=1e-2, rtol=1e-2)
-    for g, e in zip(grads_pjrt, grads_cpu):
-        torch.testing.assert_close(g, e, atol=2e-2, rtol=2e-2)
+    wide = copy.deepcopy(model).double()  # the reference: no autocast, float64
+    loss = F.cross_entropy(wide(x.double()), y)
+    loss.backward()
+    reference = [loss.detach()] + [p.grad for p in wide.parameters()]
+    for i, (a, e, r) in enumerate(zip(results[1], results[0], reference)):
+        assert_as_accurate(a, e, r, what=f"result {i}")
 
 
 def test_compiled_training_step_matches_eager():

@@ -118,7 +118,7 @@ def test_empty_batch():
                                   "nn.functional.conv_transpose2d",
                                   "nn.functional.conv_transpose3d"])
 def test_opinfo_samples(name):
-    assert check_samples(name, atol=1e-4, rtol=1e-4) > 0
+    assert check_samples(name, accuracy=True) > 0
     assert not fallbacks_of(CONV_OPS)
 
 
