@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 from tolerance import accuracy_excess, adamw_step_sensitivity
 
@@ -307,3 +308,15 @@ def _add_training(result: Comparison, actual: dict, expected: dict,
                       ("param", "params")):
         result.add(what, actual[key], expected[key], ref.get(key),
                    sensitivity=ref.get("sensitivity") if key == "params" else None)
+
+
+def case_params(cases: dict, ci: set) -> list:
+    """The cases as pytest parameters: those in `ci` run in CI, the rest are slow (flagged)."""
+    return [pytest.param(c, marks=[] if c in ci else [pytest.mark.slow]) for c in cases]
+
+
+def check_case(run: Callable[[], Comparison]) -> None:
+    """Run a case: its results within the bounds, and no op on the CPU."""
+    result = run()
+    result.check()
+    assert not result.fallbacks, f"ops ran on the CPU: {result.fallbacks}"

@@ -13,7 +13,14 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 diffusers = pytest.importorskip("diffusers")
 
-from differential import MODES, compare_training, compared, eager_mode  # noqa: E402
+from differential import (  # noqa: E402
+    MODES,
+    case_params,
+    check_case,
+    compare_training,
+    compared,
+    eager_mode,
+)
 
 SIZE, BATCH, TRAIN_TIMESTEPS, SAMPLING_STEPS = 16, 2, 100, 4
 
@@ -112,9 +119,6 @@ CASES = {
 CI = {("unet2d training", "fused"), ("DDIMScheduler sampling", "fused")}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c in CI else [pytest.mark.slow])
-                                  for c in CASES], ids=" ".join)
+@pytest.mark.parametrize("case", case_params(CASES, CI), ids=" ".join)
 def test_diffusers_matches_cpu(case):
-    result = CASES[case]()
-    result.check()
-    assert not result.fallbacks, f"ops ran on the CPU: {result.fallbacks}"
+    check_case(CASES[case])

@@ -11,7 +11,7 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from differential import MODES, compared, eager_mode  # noqa: E402
+from differential import MODES, case_params, check_case, compared, eager_mode  # noqa: E402
 
 import torch_pjrt.integrations.lightning as pjrt_lightning  # noqa: E402
 
@@ -119,12 +119,9 @@ CASES[("mlp pjrt_ddp 2 processes", "fused")] = ddp_two_processes
 CI = {("mlp 32-true", "fused"), ("mlp bf16-mixed", "fused")}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c in CI else [pytest.mark.slow])
-                                  for c in CASES], ids=" ".join)
+@pytest.mark.parametrize("case", case_params(CASES, CI), ids=" ".join)
 def test_lightning_matches_cpu(case):
-    result = CASES[case]()
-    result.check()
-    assert not result.fallbacks, f"ops ran on the CPU: {result.fallbacks}"
+    check_case(CASES[case])
 
 
 def test_registered_names():

@@ -13,7 +13,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
-from differential import MODES, compare_training, compared, eager_mode, pair, to  # noqa: E402
+from differential import (  # noqa: E402
+    MODES,
+    case_params,
+    check_case,
+    compare_training,
+    compared,
+    eager_mode,
+    pair,
+    to,
+)
 
 VOCAB, SEQ, BATCH = 96, 8, 2
 STEPS = 3
@@ -109,9 +118,6 @@ CASES = {(f"{name} {what.__name__.split('_')[1]}", mode):
 CI = {("llama-lora training", "fused"), ("llama-lora merge", "fused")}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c in CI else [pytest.mark.slow])
-                                  for c in CASES], ids=" ".join)
+@pytest.mark.parametrize("case", case_params(CASES, CI), ids=" ".join)
 def test_peft_matches_cpu(case):
-    result = CASES[case]()
-    result.check()
-    assert not result.fallbacks, f"ops ran on the CPU: {result.fallbacks}"
+    check_case(CASES[case])

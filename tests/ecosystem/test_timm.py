@@ -14,7 +14,7 @@ import torch
 
 timm = pytest.importorskip("timm")
 
-from differential import MODES, compare_training  # noqa: E402
+from differential import MODES, case_params, check_case, compare_training  # noqa: E402
 
 IMAGE, BATCH, CLASSES, STEPS = 64, 2, 5, 2
 SIZED = {"img_size": IMAGE}  # models whose positional tables follow the image size
@@ -74,9 +74,6 @@ CASES = {(name, mode): (lambda name=name, mode=mode: training(name, mode))
          for name in ARCHS for mode in MODES if mode == "fused" or name in OTHER_MODES}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c in CI else [pytest.mark.slow])
-                                  for c in CASES], ids=" ".join)
+@pytest.mark.parametrize("case", case_params(CASES, CI), ids=" ".join)
 def test_timm_matches_cpu(case):
-    result = CASES[case]()
-    result.check()
-    assert not result.fallbacks, f"ops ran on the CPU: {result.fallbacks}"
+    check_case(CASES[case])

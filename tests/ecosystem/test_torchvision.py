@@ -15,7 +15,14 @@ import torch
 
 torchvision = pytest.importorskip("torchvision")
 
-from differential import MODES, compare_training, compared, eager_mode, to  # noqa: E402
+from differential import (  # noqa: E402
+    MODES,
+    case_params,
+    compare_training,
+    compared,
+    eager_mode,
+    to,
+)
 
 IMAGE, BATCH, CLASSES, STEPS = 64, 2, 5, 2
 CLASSIFIERS = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5", "squeezenet1_1",
@@ -127,8 +134,7 @@ CASES = {
 CI = {("resnet18 training", "fused")} | {(f"ops.{n}", "fused") for n in TORCHVISION_OPS}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c in CI else [pytest.mark.slow])
-                                  for c in CASES], ids=" ".join)
+@pytest.mark.parametrize("case", case_params(CASES, CI), ids=" ".join)
 def test_torchvision_matches_cpu(case):
     result = CASES[case]()
     result.check()
