@@ -107,7 +107,8 @@ def test_a_failed_graph_leaves_its_tensors_without_value_and_the_rest_working(mo
 
 
 def _mlp_steps(steps: int = 5) -> tuple[dict, list[float]]:
-    """Metrics and losses of `steps` identical training steps of a small MLP, after 3."""
+    """Metrics and losses of `steps` identical training steps of a small MLP, after 3 and
+    the fused programs they started compiling."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 1)).to("pjrt")
@@ -123,6 +124,7 @@ def _mlp_steps(steps: int = 5) -> tuple[dict, list[float]]:
 
     for _ in range(3):
         step()
+    torch_pjrt.wait_for_compiles()  # (tiered: the fused programs may still be compiling)
     gc.collect()
     base_mem = torch.pjrt.memory_allocated()
     torch_pjrt.counters.reset()
