@@ -1,5 +1,5 @@
-"""Hugging Face Trainer: pjrt as its default device, as accelerate's, through the one setting
-transformers reads for a device it does not know by name (ACCELERATE_TORCH_DEVICE).
+"""Hugging Face transformers on pjrt, through the settings it reads from the environment:
+the Trainer's default device (ACCELERATE_TORCH_DEVICE) and its hub kernels (USE_HUB_KERNELS).
 
 accelerate 1.16 already defaults to pjrt (it asks torch.accelerator), but transformers
 5.25's TrainingArguments picks CUDA, a device it knows by name (mps, xpu, npu, hpu, neuron,
@@ -9,6 +9,14 @@ when transformers' training_args module is imported, not at `import torch`: acce
 applies it under `cpu=True`, so setting it for every process would send accelerate scripts'
 explicit CPU runs to pjrt. docs/ecosystem.md ("Trainer and accelerate") says why, and what
 it costs: a Trainer's CPU run is asked for in the environment (ACCELERATE_USE_CPU=1).
+
+transformers 5.25 "kernelizes" every model `from_pretrained` loads (hub kernels, on by
+default), and the `kernels` library it requires refuses any device type outside its fixed
+list: `from_pretrained(..., device_map="pjrt")` and `transformers serve --device pjrt` raise
+`Unsupported device type 'pjrt'`. Hub kernels are binaries for CUDA, ROCm, XPU and other
+named devices, none of which a pjrt model can run, so where pjrt is the process's
+accelerator torch-pjrt turns them off with transformers' own switch when transformers'
+modeling_utils is imported, unless the environment sets USE_HUB_KERNELS itself.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import os
 from .._after_import import after_import
 
 DEVICE_VARIABLE = "ACCELERATE_TORCH_DEVICE"
+KERNELS_VARIABLE = "USE_HUB_KERNELS"
 _TRUE = ("1", "true", "yes", "y", "on")
 
 
@@ -25,6 +34,7 @@ def install(device_type: str) -> None:
     """Make `device_type` the Trainer's default device once transformers' TrainingArguments
     is imported."""
     after_import("transformers.training_args", lambda: default_trainer_device(device_type))
+    after_import("transformers.modeling_utils", lambda: no_hub_kernels(device_type))
 
 
 def default_trainer_device(device_type: str) -> bool:
@@ -36,4 +46,18 @@ def default_trainer_device(device_type: str) -> bool:
     if os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in _TRUE:
         return False
     os.environ[DEVICE_VARIABLE] = device_type
+    return True
+
+
+def no_hub_kernels(device_type: str) -> bool:
+    """Set USE_HUB_KERNELS=0 where `device_type` is the process's accelerator and the
+    environment does not set the variable; True if set."""
+    if KERNELS_VARIABLE in os.environ:
+        return False
+    import torch
+
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None or accelerator.type != device_type:
+        return False
+    os.environ[KERNELS_VARIABLE] = "0"
     return True
