@@ -271,6 +271,10 @@ def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(())
     dim = dim % x.ndim
+    # a 0-d index or source stands for one element (the CPU's kernel reads them so)
+    i = i.reshape(-1)
+    if source.ndim == 0 and x.ndim == 1:
+        source = source.reshape(1)
     return x.at[(slice(None),) * dim + (i,)].set(source)
 
 
