@@ -23,3 +23,19 @@ def test_index_copy_scalars(dtype: torch.dtype) -> None:
         expected = target.clone().index_copy_(0, index, source)
         t, i, s = to_device((target, index, source))
         assert_same(t.index_copy_(0, i, s), expected)
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["positions", "mask"])
+def test_index_put_accumulate_bool(mask: bool) -> None:
+    # the CPU accumulates booleans as a logical or, repeated positions included
+    x = torch.tensor([False, True, False, False, True])
+    values = torch.tensor([True, False, False]) if not mask else torch.tensor([True, False])
+    index = (torch.tensor([0, 0, 3]) if not mask
+             else torch.tensor([True, False, False, True, False]))
+    expected = x.clone().index_put_((index,), values, accumulate=True)
+    t, i, v = to_device((x, index, values))
+    assert_same(t.index_put_((i,), v, accumulate=True), expected)
+    src = torch.ones(3, 2, 4, dtype=torch.bool)
+    expected = src.clone().index_put_((torch.tensor([0, 2, 1]),), src, accumulate=True)
+    s, i = to_device((src, torch.tensor([0, 2, 1])))
+    assert_same(s.index_put_((i,), s.clone(), accumulate=True), expected)
