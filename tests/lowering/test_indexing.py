@@ -3,6 +3,8 @@ the cases PyTorch's own test_indexing.py found."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from itertools import product
 
 import pytest
@@ -39,3 +41,39 @@ def test_index_put_accumulate_bool(mask: bool) -> None:
     expected = src.clone().index_put_((torch.tensor([0, 2, 1]),), src, accumulate=True)
     s, i = to_device((src, torch.tensor([0, 2, 1])))
     assert_same(s.index_put_((i,), s.clone(), accumulate=True), expected)
+
+
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    """The CPU's in-order index_put_ (left alone it splits the writes across threads, and
+    the last write to a repeated position is any thread's)."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("shape,index_dims", [((15,), (0,)), ((7, 3), (0,)), ((6, 5, 4), (0, 2))],
+                         ids=["1d", "rows", "two_dims"])
+def test_index_put_repeated_positions_last_wins(shape: tuple, index_dims: tuple) -> None:
+    # the last value written to a repeated position wins, as the CPU's in-order kernel and
+    # use_deterministic_algorithms have it (PyTorch's test_index_put_non_accumulate_
+    # deterministic): XLA leaves the order of a scatter's updates to the backend, and
+    # XLA:CPU's is in order, without being asked
+    n = 25000
+    x = torch.rand(shape)
+    indices: list = [None] * len(shape)
+    for d in index_dims:
+        indices[d] = torch.randint(-shape[d], shape[d], (n,))
+    key = tuple(slice(None) if i is None else i for i in indices)
+    values = torch.rand(torch.empty(shape)[key].shape)
+    with _deterministic():
+        expected = x.clone()
+        expected[key] = values
+    t, dkey, v = to_device((x, list(key), values))
+    if len(shape) == 1:
+        assert_same(t.index_put((dkey[0],), v), expected)
+    t[tuple(dkey)] = v  # index_put_, the untouched dimensions as None
+    assert_same(t, expected)
