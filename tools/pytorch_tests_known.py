@@ -30,6 +30,19 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "its samples index_fill a device tensor with CPU index tensors (torch.randint "
             "without a device): pjrt, as CUDA's TensorIterator, refuses a 1-d index on "
             "another device; the test returns before those samples on CUDA", True),
+        "TestSortAndSelect.test_unique_dim": (
+            "its NaN case expects unique(dim=0) of [nan, 0, 0, nan, nan, 1] in input order: the "
+            "CPU sorts rows with a `<` comparator that NaN leaves without a consistent order "
+            "(std::sort's result is then unspecified; insertion sort keeps the input order "
+            "here); pjrt sorts NaN rows last, as torch.sort does, so the same rows and counts "
+            "come in another order. The other cases pass", True),
+        "TestSortAndSelect.test_sort": (
+            "sync-bound, not wrong: assertIsOrdered reads one .item() per column (2,048 "
+            "synchronizations, each waiting for its comparison program) and indexes the "
+            "results element by element in Python (over 120 s)", False),
+        "TestSortAndSelect.test_isin_different_dtypes": (
+            "compile-bound, not wrong: isin over 64 dtype pairs, two sizes and both "
+            "assume_unique settings, each pair a new program (over 120 s)", False),
     },
     "test_indexing.py": {
         "NumpyTests.test_trivial_fancy_out_of_bounds": (
