@@ -77,3 +77,17 @@ def test_index_put_repeated_positions_last_wins(shape: tuple, index_dims: tuple)
         assert_same(t.index_put((dkey[0],), v), expected)
     t[tuple(dkey)] = v  # index_put_, the untouched dimensions as None
     assert_same(t, expected)
+
+
+def test_index_put_mask_then_none() -> None:
+    # a mask with a None after it in index_put_'s list (PyTorch's
+    # test_multi_dimensional_bool_mask_assignment): the mask covers the dimensions it
+    # starts at, the None the last one
+    v = torch.tensor([[[[1], [2]], [[3], [4]]]])
+    mask = torch.tensor([[1, 0], [0, 1]], dtype=torch.bool)
+    for value in (torch.tensor(0), torch.tensor([7])):
+        expected = torch.ops.aten.index_put_(v.clone(), [None, mask, None], value)
+        t, m = to_device((v, mask))
+        assert_same(torch.ops.aten.index_put_(t, [None, m, None], value), expected)
+        t, m = to_device((v, mask))
+        assert_same(torch.ops.aten.index_put_(t, [None, m], value), expected)
