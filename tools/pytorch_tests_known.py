@@ -17,6 +17,83 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "(XLA has no scale/zero-point type; quantized models run int8 with explicit "
             "scales)", True),
     },
+    "test_view_ops.py": {
+        "TestOldViewOps.test_flatten": (
+            "flattens a quantized tensor (_empty_affine_quantized) after the float one: pjrt "
+            "has no quantized tensors (XLA has no scale/zero-point type)", True),
+        "TestOldViewOps.test_ravel": (
+            "ravels a quantized tensor (_empty_affine_quantized) after the float one: pjrt "
+            "has no quantized tensors (XLA has no scale/zero-point type)", True),
+    },
+    "test_sort_and_select.py": {
+        "TestSortAndSelect.test_stable_sort_against_numpy_*": (
+            "its samples index_fill a device tensor with CPU index tensors (torch.randint "
+            "without a device): pjrt, as CUDA's TensorIterator, refuses a 1-d index on "
+            "another device; the test returns before those samples on CUDA", True),
+        "TestSortAndSelect.test_unique_dim": (
+            "its NaN case expects unique(dim=0) of [nan, 0, 0, nan, nan, 1] in input order: the "
+            "CPU sorts rows with a `<` comparator that NaN leaves without a consistent order "
+            "(std::sort's result is then unspecified; insertion sort keeps the input order "
+            "here); pjrt sorts NaN rows last, as torch.sort does, so the same rows and counts "
+            "come in another order. The other cases pass", True),
+        "TestSortAndSelect.test_sort": (
+            "sync-bound, not wrong: assertIsOrdered reads one .item() per column (2,048 "
+            "synchronizations, each waiting for its comparison program) and indexes the "
+            "results element by element in Python (over 120 s)", False),
+        "TestSortAndSelect.test_isin_different_dtypes": (
+            "compile-bound, not wrong: isin over 64 dtype pairs, two sizes and both "
+            "assume_unique settings, each pair a new program (over 120 s)", False),
+    },
+    "test_type_promotion.py": {
+        **{name: ("makes complex32 (complex half) tensors, or expects them from complex and "
+                  "float16 operands: XLA has no complex32 type, so pjrt refuses the dtype "
+                  "with its dtype error", True)
+           for name in ("TestTypePromotion.test_complex_assertraises",
+                        "TestTypePromotion.test_complex_half",
+                        "TestTypePromotion.test_complex_promotion",
+                        "TestTypePromotion.test_result_type_complex*_float16",
+                        "TestTypePromotion.test_result_type_float16_complex*")},
+        "TestTypePromotion.test_sparse_*": (
+            "sparse COO tensors: XLA arrays are dense and pjrt has no sparse layout", True),
+        "TestTypePromotion.test_computation_ignores_out": (
+            "a wrong value left open: float16 33000 + 33000 written into a float64 out gives "
+            "65984, not inf (the float16 overflow), and 1.5 / 0.666 keeps float32 digits: "
+            "XLA:CPU computes float16 arithmetic in float32 and its convert to float64 "
+            "skips the rounding to float16 that PyTorch does before the cast", True),
+        "TestTypePromotion.test_many_promotions": (
+            "compile-bound, not wrong: every dtype pair through several binary ops, each "
+            "pair a new program (over 120 s)", False),
+        "TestTypePromotion.test_comparison_ops_with_type_promotion": (
+            "compile-bound, not wrong: comparisons over every dtype pair and operand kind, "
+            "each a new program (over 120 s)", False),
+    },
+    "test_indexing.py": {
+        "NumpyTests.test_trivial_fancy_out_of_bounds": (
+            "expects IndexError at the indexing call itself: pjrt checks indices on the device "
+            "and reports the error at the next synchronization (as CUDA's device assert, for "
+            "which the test skips itself); debug eager mode raises at the op", True),
+        "TestIndexing.test_index_reduce_reduce_*": (
+            "compile-bound, not wrong: 96 index_reduce_ calls at random index lengths in three "
+            "layouts plus a per-row reference loop, each new shape a new XLA program (about "
+            "700 compiles, 208 s for the float32 prod case on a loaded 2-core machine, where "
+            "it passes; 0.5 s on the CPU)", False),
+        "TestIndexing.test_index_put_accumulate_duplicate_indices": (
+            "compile-bound, not wrong: 511 index lengths, each a new program for uniform_, "
+            "cumsum, randn and index_put (over 120 s); the accumulation itself is in "
+            "tests/lowering/test_indexing.py", False),
+        "TestIndexing.test_index_copy_deterministic": (
+            "dispatch-bound, not wrong: the reference is 120,000 Python-level slice writes, each "
+            "several device ops; pjrt's index_copy with repeated indices matches the CPU's "
+            "deterministic kernel (checked for all three dims)", False),
+        "TestIndexing.test_index_select_float8_e*fnuz": (
+            "the fnuz float8 formats (no negative zero, one NaN; AMD MI300's) are outside "
+            "pjrt's dtype table, which holds the OCP formats e4m3fn and e5m2 that XLA's "
+            "GPUs and TPUs compute in: pjrt refuses them with its dtype error rather than "
+            "move bytes whose conversions it does not check", True),
+        "TestIndexing.test_index_put_accumulate_large_tensor": (
+            "2^31 + 5 element tensors (2 GB each, and their copies): over the runner's memory "
+            "cap on the CPU as well", False),
+    },
 }
 
 

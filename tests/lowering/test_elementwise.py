@@ -350,3 +350,18 @@ def test_complex_zero_base_power_as_the_cpu(exponent):
         actual = fn(*(a.to("pjrt") if isinstance(a, torch.Tensor) else a for a in args))
         torch.testing.assert_close(torch.view_as_real(actual.cpu()), expected,
                                    equal_nan=True)  # (float32's elementwise bound)
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("op", [torch.floor, torch.ceil, torch.trunc], ids=lambda f: f.__name__)
+def test_rounding_refuses_complex_as_cpu(op) -> None:
+    # the CPU's NotImplementedError (a RuntimeError), functional and out= (PyTorch's
+    # test_unary_op_out_casting), not JAX's TypeError
+    x = torch.tensor([1.5 + 1j, -2.5 - 0.5j])
+    for call in (lambda t: op(t), lambda t: op(t, out=torch.empty_like(t))):
+        with pytest.raises(NotImplementedError) as cpu:
+            call(x)
+        with pytest.raises(NotImplementedError) as pjrt:
+            call(x.to("pjrt"))
+        assert str(cpu.value) in str(pjrt.value)
+    assert_same(op(torch.tensor([1.5, -2.5]).to("pjrt")), op(torch.tensor([1.5, -2.5])))

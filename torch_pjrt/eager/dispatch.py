@@ -15,7 +15,7 @@ import torch
 
 from ..lowering import checks, registry
 from ..storage import table, transfer, views
-from . import dynamic, executor, fallback, meta, opspec
+from . import dynamic, executor, fallback, meta, op_cache, opspec
 
 aten = torch.ops.aten
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -261,6 +261,7 @@ def _data_dependent_kernels() -> dict:
 def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> None:
     global _COPY_SPEC, _TO_COPY_SPEC
     registry.load_all()
+    op_cache.hook_default_dtype()
     _COPY_SPEC = opspec.spec(aten.copy_.default)
     _TO_COPY_SPEC = opspec.spec(aten._to_copy.default)
     executor._native.register_metadata_ops([_qualname(op) for op in METADATA_OPS])

@@ -91,7 +91,7 @@ def _one_bool_mask(x, indices):
     x's device, the other indices None), unsqueezed over the dimensions after it; else None.
     (CPU PyTorch does so for a one-element value, whatever its dtype, and then checks no
     overlap between value and x; CUDA only for a CPU value.)"""
-    mask, dim = None, 0
+    mask, dim, end = None, 0, 0
     for i in indices:
         if i is None:
             dim += 1
@@ -100,9 +100,10 @@ def _one_bool_mask(x, indices):
             return None
         _check_mask_shape(x, i, dim)
         mask, dim = i, dim + i.dim()
+        end = dim  # the dimensions after the mask, listed as None or not, broadcast over
     if mask is None:
         return None
-    return mask.reshape(*mask.shape, *[1] * (x.dim() - dim)) if x.dim() > dim else mask
+    return mask.reshape(*mask.shape, *[1] * (x.dim() - end)) if x.dim() > end else mask
 
 
 def make_index_put(execute, inplace: bool):

@@ -4,9 +4,11 @@ loads from the persistent cache) on first use."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
+import torch
 
 from ..lowering import apply
 from ..runtime import client, compile_cache, cpu_kernels, watch
@@ -72,6 +74,37 @@ class Entry:
 
 
 cache: dict[tuple, Entry] = {}
+# torch's default dtype when the cached programs were built: it sets the result dtype of
+# some calls whose key does not name it (an integer tensor divided, a float scalar
+# promoted, a factory without a dtype), so a change of it drops them
+_default_dtype = torch.get_default_dtype()
+
+
+def default_dtype_changed() -> None:
+    """Drop the op programs built under another default dtype (the native kernel finds
+    entries in `cache` too, so it stops serving them)."""
+    global _default_dtype
+    now = torch.get_default_dtype()
+    if now != _default_dtype:
+        _default_dtype = now
+        cache.clear()
+
+
+def hook_default_dtype() -> None:
+    """torch.set_default_dtype also tells the op cache (a call that changes the default
+    dtype reaches no op kernel; without this the next division of integers would reuse
+    the program, and result dtype, of the old default)."""
+    original = torch.set_default_dtype
+    if getattr(original, "_pjrt_hooked", False):
+        return
+
+    @functools.wraps(original)
+    def set_default_dtype(d: torch.dtype) -> None:
+        original(d)
+        default_dtype_changed()
+
+    set_default_dtype._pjrt_hooked = True  # type: ignore[attr-defined]
+    torch.set_default_dtype = set_default_dtype
 
 
 def cache_size() -> int:
@@ -82,6 +115,7 @@ def cache_size() -> int:
 def compile_entry(call: Call, key: tuple) -> Entry:
     """A new signature's entry: its outputs' layout from the meta kernel, the views it
     writes, the buffers it donates, its traced lowering (compiled at the first launch)."""
+    default_dtype_changed()  # where it changed without torch.set_default_dtype
     spec, values = call.spec, call.values
     metas, meta_out = run_meta(spec, values)
     error = cpu_check(spec, values, meta_out, len(call.recs))
@@ -151,7 +185,10 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.products = spec.lowering.products
     jitted = jax.jit(cpu_kernels.rewrite(trace, entry.products), out_shardings=sharding,
                      donate_argnums=tuple(range(len(entry.donate))))
-    entry.digest = compile_cache.digest((key, call.device), call.device)
+    # the disk's programs too are per default dtype (float32's keep their old names)
+    default = torch.get_default_dtype()
+    named = (key, call.device) if default == torch.float32 else (key, call.device, str(default))
+    entry.digest = compile_cache.digest(named, call.device)
     entry.device = call.device
     entry.fn = _Launcher(jitted, None if entry.ordered else entry.order, entry)
     entry.trace = trace

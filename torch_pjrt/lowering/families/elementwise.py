@@ -19,13 +19,26 @@ from .. import checks
 from ..registry import lower
 from ._ops import aten, is_complex, is_int, register_each, zero
 
+
 # --------------------------------------------------------------------- unary
+def _real_only(fn, name: str):
+    """`fn` raising the CPU's NotImplementedError on a complex input (JAX raises a
+    TypeError, which `except RuntimeError` would not catch)."""
+
+    def real(x):
+        if is_complex(x):
+            raise NotImplementedError(f"{name} is not supported for complex inputs")
+        return fn(x)
+
+    return real
+
+
 # op -> (JAX function, promotion kind)
 UNARY = {
     aten.neg.default: (jnp.negative, "default"),
-    aten.ceil.default: (jnp.ceil, "default"),
-    aten.floor.default: (jnp.floor, "default"),
-    aten.trunc.default: (jnp.trunc, "default"),
+    aten.ceil.default: (_real_only(jnp.ceil, "ceil"), "default"),
+    aten.floor.default: (_real_only(jnp.floor, "floor"), "default"),
+    aten.trunc.default: (_real_only(jnp.trunc, "trunc"), "default"),
     aten.bitwise_not.default: (jnp.invert, "default"),
     aten.logical_not.default: (jnp.logical_not, "always_bool"),
     aten.exp2.default: (jnp.exp2, "int_to_float"),

@@ -100,6 +100,11 @@ def index_put(x, indices, values, accumulate=False):
         if i is not None:
             index_dtype(i, (*_INT32_64, *_MASKS), IndexError,
                         "tensors used as indices must be long, int, byte or bool tensors")
+    if accumulate and x.dtype == jnp.bool_:
+        # the CPU accumulates booleans as a logical or (XLA has no boolean add): counted
+        # in int32, any count above zero is true
+        counts = index_put(x.astype(jnp.int32), indices, values.astype(jnp.int32), True)
+        return counts > 0
     if any(_is_mask(i) for i in indices):
         idx, values = _masked_put_index(x, indices, values)
         if accumulate:
@@ -271,6 +276,10 @@ def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(())
     dim = dim % x.ndim
+    # a 0-d index or source stands for one element (the CPU's kernel reads them so)
+    i = i.reshape(-1)
+    if source.ndim == 0 and x.ndim == 1:
+        source = source.reshape(1)
     return x.at[(slice(None),) * dim + (i,)].set(source)
 
 
