@@ -1,9 +1,9 @@
 """Tiered execution of fused eager: a graph piece whose fused program is not compiled runs
 op by op on its ops' own programs (the ones strict mode runs: they exist, or compile in a
 fraction of the time, side by side on every core) where that is cheaper than waiting for
-the fused compile; the fused program compiles on a compile thread once the piece recurs,
-and runs from the first flush after it is ready. The rule and its figures:
-docs/compile-cost.md."""
+the fused compile; the fused program compiles on a compile thread once the piece recurs (in
+a later flush, or within the same one: a loop's step), and runs from its first occurrence
+after it is ready. The rule and its figures: docs/compile-cost.md."""
 
 from __future__ import annotations
 
@@ -75,11 +75,13 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
     if prog.wanted != epoch:
         prog.wanted = epoch
         prog.needs += 1
+    elif piece.recurs:  # wanted again in this flush: a loop's step, a layer of a stack
+        prog.needs = max(prog.needs, 2)
     if not _ops_cheaper(piece):
         prog.compile_now(fused_args)
         return True
-    if prog.needs >= 2:  # wanted by a second flush: it recurs, worth a compile nobody
-        prog.compile_in_background(fused_args)  # waits for
+    if prog.needs >= 2:  # it recurs (a second flush, or again in this one): worth a
+        prog.compile_in_background(fused_args)  # compile nobody waits for
     return False
 
 
