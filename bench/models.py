@@ -144,13 +144,14 @@ def bench_model(spec: Spec, names: list[str], small: bool, rounds: int, chunk: i
         first, losses = runners[name].run(1)
         # the remaining warm-up in the timed chunks: fused eager compiles a program per chunk
         rest = sum(runners[name].run(chunk)[0] for _ in range(warmup))
-        if CANDIDATES[name][0] == "pjrt" and warmup:
-            # the steady state starts once the fused programs compiling in the background
-            # (docs/compile-cost.md) are in use; twice: a loop's graph compiles whole once
-            # its pieces have run compiled
-            for _ in range(2):
+        # the steady state starts once the fused programs compiling in the background
+        # (docs/compile-cost.md) are in use; twice: a loop's graph compiles whole once its
+        # pieces have run compiled. Every candidate runs these steps, so that all of them
+        # have trained as many steps when their losses are compared.
+        for _ in range(2 if warmup else 0):
+            if CANDIDATES[name][0] == "pjrt":
                 torch_pjrt.wait_for_compiles()
-                rest += runners[name].run(chunk)[0]
+            rest += runners[name].run(chunk)[0]
         results[name] = {"first_step_seconds": first, "warmup_seconds": first + rest,
                          "build_seconds": time.perf_counter() - start - first - rest,
                          "peak_bytes": None if name == "cpu inductor" else peak.bytes(),

@@ -2,6 +2,7 @@
 background (eager/tiers.py), and a loop's repeating step compiles once (eager/loops.py).
 Results equal the CPU's on either path, and random ops draw the same numbers."""
 
+import os
 import subprocess
 import sys
 
@@ -12,10 +13,12 @@ from tolerance import assert_as_accurate
 
 import torch_pjrt
 from torch_pjrt.eager import graph, loops, tiers
+from torch_pjrt.runtime import compile_pool
 
 
 @pytest.fixture(autouse=True)
 def _fused(monkeypatch):
+    torch_pjrt.ensure_initialized()  # (first in a process, it reads the settings anew)
     monkeypatch.setenv("TORCH_PJRT_COMPILE_CACHE", "0")  # a program seen is compiled here
     monkeypatch.setattr(tiers, "PREFER_OPS", 1e9)  # op by op wherever a graph may
     monkeypatch.setattr(tiers, "enabled", True)
@@ -78,10 +81,9 @@ def test_tiered_decode_runs_op_by_op_then_its_fused_step():
     torch_pjrt.counters.reset()
     assert torch.equal(_generate(w, 20).cpu(), expected)
     m = torch_pjrt.metrics()
-    # op by op; nothing compiled fused: the loop's graph may never come again
-    assert m["tiered_pieces"] >= 19 and "background_compiles_queued" not in m
-    assert torch.equal(_generate(w, 20).cpu(), expected)  # it did: its step compiles
-    assert torch_pjrt.metrics()["background_compiles_queued"] >= 1
+    # op by op; the step recurs within the flush: its fused program, and only it, compiles
+    # in the background (the prefix and the rest, seen once, do not)
+    assert m["tiered_pieces"] >= 19 and m["background_compiles_queued"] == 1
     torch_pjrt.wait_for_compiles()
     before = torch_pjrt.metrics().get("tiered_ops", 0)
     assert torch.equal(_generate(w, 20).cpu(), expected)
@@ -89,6 +91,80 @@ def test_tiered_decode_runs_op_by_op_then_its_fused_step():
     # the steps ran their fused program; only the pieces seen once ran op by op
     assert m["background_compiles"] >= 1
     assert m["tiered_ops"] - before < m["tiered_ops"] // 4
+
+
+def test_a_step_switches_to_its_fused_program_within_the_flush(monkeypatch):
+    """A step's fused program compiled while the flush runs serves the steps after it."""
+    from torch_pjrt.eager import program
+
+    queue = program.Program.compile_in_background
+
+    def at_once(self, args):  # the compile finishes before the next step starts
+        queue(self, args)
+        compile_pool.wait()
+
+    monkeypatch.setattr(program.Program, "compile_in_background", at_once)
+    expected = _generate(_weights("cpu"), 20)
+    w = _weights("pjrt")
+    graph.forget()
+    torch_pjrt.counters.reset()
+    assert torch.equal(_generate(w, 20).cpu(), expected)
+    m = torch_pjrt.metrics()
+    assert m["flushes"] == 1 and m["graph_loops"] == 1 and m["background_compiles"] == 1
+    # op by op: the prefix, the first two steps (the second queued the compile), the rest
+    assert m["tiered_pieces"] <= 4
+
+
+def test_a_loop_whose_shapes_change_every_flush_queues_no_compile_per_flush():
+    """A layer stack recurs within each flush; where its input's length changes from flush
+    to flush (a dynamic KV cache), each flush's layer program is new and seen once more
+    at most: compiling it would cost a fused compile per flush for nothing."""
+    torch.manual_seed(0)
+    ws = [torch.randn(16, 16).to("pjrt") for _ in range(2)]
+    graph.forget()
+    torch_pjrt.counters.reset()
+    for length in range(5, 10):
+        y = torch.randn(length, 16).to("pjrt")
+        for _ in range(10):  # ten layers of the same ops
+            y = (y @ ws[0]).tanh() * 0.5 + (y @ ws[1]).sigmoid() - y.sin() / 4
+        y.sum().item()
+    m = torch_pjrt.metrics()
+    assert m["graph_loops"] == 5 and m["recompiles"] >= 4
+    assert m["background_compiles_queued"] == 1  # the first flush's (nothing told it yet)
+
+
+def test_a_new_process_runs_the_step_a_loop_compiled_in_the_background(tmp_path):
+    """The first flush of a decode loop leaves its step's fused program on disk; a new
+    process loads it and runs the steps fused, compiling nothing."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        "import sys, torch, torch_pjrt\n"
+        f"sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]\n"
+        "from test_tiers import _generate, _weights\n"
+        "from torch_pjrt.eager import tiers\n"
+        "tiers.PREFER_OPS = 1e9\n"
+        "torch_pjrt.set_eager_mode('fused')\n"
+        "w = _weights('pjrt')\n"
+        "torch.pjrt.synchronize()\n"
+        "torch_pjrt.counters.reset()\n"
+        "tokens = _generate(w, 20).tolist()\n"
+        "torch_pjrt.wait_for_compiles()\n"
+        "m = torch_pjrt.metrics()\n"
+        "print('RESULT', tokens, m.get('xla_compiles', 0), m.get('tiered_pieces', 0),\n"
+        "      m.get('background_compiles', 0))\n")
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_COMPILE_CACHE="1")
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
+        runs.append(line.split("] ")[1].split() + [line])
+    (cold_xla, cold_pieces, cold_bg, cold), (warm_xla, warm_pieces, warm_bg, warm) = runs
+    assert cold.split("] ")[0] == warm.split("] ")[0]  # the same tokens
+    assert int(cold_xla) > 0 and int(cold_pieces) >= 19 and int(cold_bg) == 1
+    # warm: nothing compiled; the steps ran fused, only the prefix and the rest op by op
+    assert int(warm_xla) == 0 and int(warm_pieces) <= 2 and int(warm_bg) == 0
 
 
 def _mlp():

@@ -317,10 +317,10 @@ def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) 
         # The same sequence of ops with different inputs: a recompile worth telling.
         names = [e.name for e, _, _ in wiring]
         label = f"a fused graph of {len(names)} ops ({', '.join(names[:3])}, ...)"
-        recompiles.note(tuple(names), tuple(e.signature for e, _, _ in wiring), label,
-                        "fused", "op")
+        varying = recompiles.note(tuple(names), tuple(e.signature for e, _, _ in wiring),
+                                  label, "fused", "op")
         plan = _plans[key] = schedule.plan(wiring, outputs, donated, len(inputs), device,
-                                           key[-1], key, kept)
+                                           key[-1], key, kept, varying)
     else:
         counters.count("graph_cache_hits")
     compile_pool.poll()  # fused programs compiled in the background since the last flush

@@ -31,7 +31,8 @@ class Program:
         self.job: compile_pool.Job | None = None  # its compile on a compile thread
         self.failed: Exception | None = None  # that compile's error
         self.looked = False  # the disk cache was asked for it
-        self.needs = 0  # flushes that wanted it before it was compiled
+        self.needs = 0  # flushes that wanted it before it was compiled (at least 2 once
+        # a flush wanted it twice: tiers.fused_now)
         self.wanted = -1  # the last of them (tiers.epoch)
         self.ops = len(entries)
         self.asked_at = None  # the user's line when its background compile was asked for

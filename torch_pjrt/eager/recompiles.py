@@ -28,14 +28,16 @@ def describe(old: tuple, new: tuple, unit: str = "input") -> str:
 
 
 def note(code, signature: tuple, name: str, kind: str, unit: str = "input",
-         advice: str | None = None) -> None:
+         advice: str | None = None) -> bool:
     """Record that the program for `code` (anything hashable naming it) runs with
     `signature`; warn once past LIMIT of them, calling it `name` (and `advice`, if given,
     replacing the default advice). `kind` ("fused" graph or "compiled" graph) splits the
-    `recompiles` counter: `recompiles.fused`, `recompiles.compiled`."""
+    `recompiles` counter: `recompiles.fused`, `recompiles.compiled`. True where `code` has
+    run with another signature too (its shapes change: fused eager then expects no reuse
+    of what it compiles for this one, eager/tiers.py)."""
     seen = _seen.setdefault(code, {})
     if signature in seen:
-        return
+        return len(seen) > 1
     previous = next(reversed(seen)) if seen else None
     seen[signature] = None
     if len(seen) > 1:
@@ -49,6 +51,7 @@ def note(code, signature: tuple, name: str, kind: str, unit: str = "input",
             f"change was {describe(previous, signature, unit)}. " + (advice or (
                 "Each new shape compiles a new program: pad inputs to a few fixed sizes to "
                 "avoid recompiling.")), stacklevel=3)
+    return len(seen) > 1
 
 
 _op_signatures: dict[str, str] = {}  # op -> the signature it last compiled for

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import counters
 from ..lowering import checks
-from ..runtime import device_trace, watch
+from ..runtime import compile_pool, device_trace, watch
 from . import loops, tiers
 from .program import Program, build
 
@@ -25,7 +25,7 @@ class Piece:
     """A stretch of a graph's nodes with the program that computes it."""
 
     __slots__ = ("program", "start", "stop", "sources", "wiring", "outputs", "local_outputs",
-                 "dyn", "order", "donated", "per_op", "drop", "free")
+                 "dyn", "order", "donated", "per_op", "drop", "free", "recurs")
 
     def __init__(self, start: int, stop: int):
         self.start = start
@@ -42,6 +42,10 @@ class Piece:
         # and none of them donates a buffer something after it reads
         self.drop: list[list[int]] = []  # per node: nodes whose results are dead after it
         self.free: list[tuple] = []  # graph values no later piece reads
+        # Its program wanted again within one flush (a loop's next step, the next layer)
+        # counts as a recurrence (tiers.fused_now): not where the graph's shapes change
+        # from flush to flush (a dynamic KV cache's step): its program is not seen again.
+        self.recurs = False
 
     def run(self, args: list, dyn, device: int, nodes: list) -> list:
         """Its outputs' values from its inputs' (`args`) and run-time values."""
@@ -98,6 +102,8 @@ class Schedule:
                 counters.count("graph_loops_unrolling")
         store: dict[tuple, object] = {}
         for piece in self.pieces:
+            # a step's fused program compiled since the last piece: its next steps run it
+            compile_pool.poll()
             args = [inputs[s] if type(s) is int else store[s] for s in piece.sources]
             values = piece.run(args, dyn[piece.dyn[0]:piece.dyn[1]], device, nodes)
             for ref, value in zip(piece.outputs, values):
@@ -108,9 +114,10 @@ class Schedule:
 
 
 def plan(wiring: tuple, outputs: list, donated: list, n_inputs: int, device: int,
-         dyn_types: tuple, key: tuple, nodes: list) -> Schedule:
+         dyn_types: tuple, key: tuple, nodes: list, varying: bool = False) -> Schedule:
     """The schedule of a graph structure (`key`: graph._run_graph's key of it; `nodes`:
-    the graph's nodes, whose lines of user code describe the programs)."""
+    the graph's nodes, whose lines of user code describe the programs; `varying`: its
+    ops ran with other shapes before)."""
     n = len(wiring)
     bounds = [0, *loops.cuts(wiring, outputs), n]
     whole = (wiring, outputs, donated, n_inputs, device, dyn_types, key)
@@ -131,6 +138,7 @@ def plan(wiring: tuple, outputs: list, donated: list, n_inputs: int, device: int
         piece_key = (tuple(piece.wiring), tuple(piece.local_outputs), tuple(piece.donated),
                      device, dyn_types[piece.dyn[0]:piece.dyn[1]])
         piece.program = _program(piece_key, piece, device, piece_key[-1], nodes)
+        piece.recurs = not varying
         _finish(piece, n_inputs, last, out_set, donated_set)
     return Schedule(pieces, list(outputs), whole if n <= WHOLE_MAX_OPS else None)
 

@@ -1,9 +1,9 @@
 """Tiered execution of fused eager: a graph piece whose fused program is not compiled runs
 op by op on its ops' own programs (the ones strict mode runs: they exist, or compile in a
 fraction of the time, side by side on every core) where that is cheaper than waiting for
-the fused compile; the fused program compiles on a compile thread once the piece recurs,
-and runs from the first flush after it is ready. The rule and its figures:
-docs/compile-cost.md."""
+the fused compile; the fused program compiles on a compile thread once the piece recurs (in
+a later flush, or within the same one: a loop's step), and runs from its first occurrence
+after it is ready. The rule and its figures: docs/compile-cost.md."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from .. import _env, counters
 from ..lowering import checks
-from ..runtime import client, compile_pool, device_trace, watch
+from ..runtime import client, compile_cache, compile_pool, device_trace, watch
 from .op_cache import quick
 from .scalars import device_scalar
 
@@ -32,6 +32,7 @@ enabled = True  # TORCH_PJRT_TIERED, set by configure()
 # PREFER_OPS times the fused compile.
 OP_LOWER = 0.016
 OP_COMPILE = 0.023
+OP_LOAD = 0.006  # an op's program from the disk cache (26-275 of them in 0.2-1.2 s)
 OP_LAUNCH = 0.0001
 GRAPH_COMPILE = 0.05
 NODE_COMPILE = 0.0095
@@ -75,11 +76,13 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
     if prog.wanted != epoch:
         prog.wanted = epoch
         prog.needs += 1
+    elif piece.recurs:  # wanted again in this flush: a loop's step, a layer of a stack
+        prog.needs = max(prog.needs, 2)
     if not _ops_cheaper(piece):
         prog.compile_now(fused_args)
         return True
-    if prog.needs >= 2:  # wanted by a second flush: it recurs, worth a compile nobody
-        prog.compile_in_background(fused_args)  # waits for
+    if prog.needs >= 2:  # it recurs (a second flush, or again in this one): worth a
+        prog.compile_in_background(fused_args)  # compile nobody waits for
     return False
 
 
@@ -87,9 +90,14 @@ def _ops_cheaper(piece: Piece) -> bool:
     """Whether compiling the ops' missing programs (side by side on every core: their
     tracing takes turns) and launching them one by one costs less than PREFER_OPS times
     compiling the fused program."""
-    missing = len({id(w[0]) for w in piece.wiring if _launcher(w[0]).compiled is None})
+    missing = {id(w[0]): _launcher(w[0]) for w in piece.wiring
+               if _launcher(w[0]).compiled is None}
+    # (on disk, loaded: a warm process whose earlier pieces ran fused has loaded none of
+    # their ops' programs, and would otherwise compile the next piece's fused program)
+    stored = sum(compile_cache.stored(launcher.digest) for launcher in missing.values())
     ops = len(piece.wiring)
-    by_ops = missing * (OP_LOWER + OP_COMPILE / compile_pool.threads()) + ops * OP_LAUNCH
+    by_ops = (stored * OP_LOAD + (len(missing) - stored) *
+              (OP_LOWER + OP_COMPILE / compile_pool.threads()) + ops * OP_LAUNCH)
     return by_ops < PREFER_OPS * (GRAPH_COMPILE + ops * NODE_COMPILE)
 
 

@@ -183,6 +183,12 @@ def _path(name: str) -> str:
     return os.path.join(directory(), name[:2], name + SUFFIX)
 
 
+def stored(name: str) -> bool:
+    """Whether a program is in the disk cache (a stat, nothing read): loading it costs
+    milliseconds where compiling it costs tens (eager/tiers.py weighs the two)."""
+    return enabled() and os.path.exists(_path(name))
+
+
 @functools.cache
 def _prepare_custom_calls() -> None:
     """Set up what the custom calls of a program from disk call into. JAX does this while
