@@ -54,10 +54,16 @@ POLICY: dict[str, str] = {
     **_ops("refused", "binary_cross_entropy"),
 }
 
-# CUDA also casts these; they are cuDNN's own kernels, which no pjrt program reaches.
+# CUDA has autocast kernels for these too, outside ATen's lists; pjrt's fall through. Not
+# every torch has each: the CPU build of torch has no _cudnn_rnn kernel, torch 2.13 no
+# linalg_matrix_sqrth.
 CUDA_ONLY: dict[str, str] = {
     "aten::cudnn_convolution": "cuDNN's kernel (lower_precision_fp on CUDA)",
     "aten::cudnn_convolution_transpose": "cuDNN's kernel (lower_precision_fp on CUDA)",
+    "aten::_cudnn_rnn": "cuDNN's RNN kernel (lower_precision_fp on CUDA; CUDA builds only)",
+    "aten::linalg_matrix_sqrth": (
+        "torch 2.14 on: no cast on CUDA either (on fake CUDA tensors float32 stays float32 "
+        "and the op refuses bfloat16 and float16, as without autocast)"),
 }
 
 

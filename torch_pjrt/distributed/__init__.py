@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .. import runtime
+from .. import _compat, runtime
 
 BACKEND = "pjrt"
 
@@ -23,6 +23,7 @@ def register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True,
                                       devices=[runtime.DEVICE_TYPE])
+        _compat.c10d_backend_not_recorded(BACKEND)
 
 
 def _start_from_env():

@@ -171,12 +171,15 @@ def quick_options() -> dict:
     programs while a fused program compiles): on XLA:CPU, LLVM without optimization and
     the older loop emitters compile an op's program in 40% of the time (measured:
     docs/compile-cost.md); {} elsewhere (not measured there) and with
-    TORCH_PJRT_QUICK_OPS=0. Read once per process."""
+    TORCH_PJRT_QUICK_OPS=0. Read once per process; an option this jaxlib's XLA no longer
+    has is left out (_compat.xla_options)."""
+    from .. import _compat
     from . import client
 
     if client.platform() != "cpu" or not _env.flag("TORCH_PJRT_QUICK_OPS"):
         return {}
-    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    return _compat.xla_options({"xla_backend_optimization_level": 0,
+                                "xla_cpu_use_fusion_emitters": False})
 
 
 def _path(name: str) -> str:
