@@ -4,7 +4,7 @@ batches were, the losses, and a digest of the final weights.
 
     python hf_trainer_job.py OUT_DIR [--use-cpu] [--bf16] [--steps N] [--grad-accum N]
                              [--eval] [--save-steps N] [--resume CHECKPOINT] [--dropout P]
-                             [--ddp-backend NAME]
+                             [--ddp-backend NAME] [--full-determinism]
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--resume", default=None)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--ddp-backend", default=None)
+    p.add_argument("--full-determinism", action="store_true")
     a = p.parse_args()
 
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
@@ -69,7 +70,8 @@ def main() -> None:
         logging_steps=1, report_to=[], use_cpu=a.use_cpu, bf16=a.bf16,
         eval_strategy="steps" if a.eval else "no", eval_steps=2,
         save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
-        dataloader_num_workers=0, disable_tqdm=True, ddp_backend=a.ddp_backend)
+        dataloader_num_workers=0, disable_tqdm=True, ddp_backend=a.ddp_backend,
+        full_determinism=a.full_determinism)
     trainer = Where(model=model, args=args, train_dataset=Tokens(64),
                     eval_dataset=Tokens(8, offset=1000) if a.eval else None)
     trainer.train(resume_from_checkpoint=a.resume)
