@@ -71,10 +71,28 @@ class PjrtWorker(Worker):
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         """Runs one step of every token bucket (and the sampler), so that serving compiles
-        nothing: the programs come from the compile cache on a warm start."""
+        nothing: the programs come from the compile cache on a warm start. Each step's
+        fused program is compiled (or loaded) here, not run op by op while it compiles in
+        the background (tiered execution, docs/compile-cost.md): a warm-up step runs once,
+        and its program would otherwise compile during serving."""
         import torch_pjrt
+        from torch_pjrt.eager import tiers
 
         start, before = time.perf_counter(), torch_pjrt.metrics().get("compiles", 0)
+        tiered, tiers.enabled = tiers.enabled, False
+        try:
+            self._warm_up_steps()
+        finally:
+            tiers.enabled = tiered
+        self.warmup_seconds = time.perf_counter() - start
+        self.warmup_compiles = torch_pjrt.metrics().get("compiles", 0) - before
+        logger.info("pjrt warm-up: %d step shapes, %d compiles, %.1f s", self.warmup_steps,
+                    self.warmup_compiles, self.warmup_seconds)
+        set_random_seed(self.model_config.seed)
+        return CompilationTimes(language_model=self.warmup_seconds, encoder=0.0)
+
+    def _warm_up_steps(self) -> None:
+        """One step of every prefill and decode bucket, each with the sampler."""
         runner = self.model_runner
         limit = self.scheduler_config.max_num_batched_tokens
         for size in token_buckets(limit):  # prefill and mixed steps
@@ -93,14 +111,8 @@ class PjrtWorker(Worker):
                     attention.warmup_pages = None
                 runner._dummy_sampler_run(last)
         torch.pjrt.synchronize()
-        self.warmup_seconds = time.perf_counter() - start
-        self.warmup_compiles = torch_pjrt.metrics().get("compiles", 0) - before
         self.warmup_steps = len(token_buckets(limit)) + (len(token_buckets(seqs))
                                                          * len(page_buckets(width)))
-        logger.info("pjrt warm-up: %d step shapes, %d compiles, %.1f s", self.warmup_steps,
-                    self.warmup_compiles, self.warmup_seconds)
-        set_random_seed(self.model_config.seed)
-        return CompilationTimes(language_model=self.warmup_seconds, encoder=0.0)
 
 
 def _describe_job(world_size: int, rank: int, local_rank: int, init_method: str) -> None:
