@@ -80,7 +80,7 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
         "TestIndexing.test_index_put_accumulate_duplicate_indices": (
             "compile-bound, not wrong: 511 index lengths, each a new program for uniform_, "
             "cumsum, randn and index_put (over 120 s); the accumulation itself is in "
-            "tests/lowering/test_indexing.py", False),
+            "tests/lowering/test_index_put_and_copy.py", False),
         "TestIndexing.test_index_copy_deterministic": (
             "dispatch-bound, not wrong: the reference is 120,000 Python-level slice writes, each "
             "several device ops; pjrt's index_copy with repeated indices matches the CPU's "
