@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from helpers import SLOW_TESTS
+from user_shell import user_env
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -21,17 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 slow = pytest.mark.skipif(not SLOW_TESTS, reason="set TORCH_PJRT_SLOW_TESTS=1 to run it")
 
 
-def _env(**extra: str) -> dict:
-    """A user's shell: none of the variables this process set or the tests' XLA_FLAGS."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ACCELERATE_TORCH_DEVICE", "XLA_FLAGS") and not k.startswith("PYTEST")}
-    env.update(extra)
-    return env
-
-
 def run(args: list[str], timeout: float = 600, **env: str) -> dict:
     """Run a command, return the JSON of its RESULT line (every process's, if several)."""
-    out = subprocess.run(args, env=_env(**env), capture_output=True, text=True,
+    out = subprocess.run(args, env=user_env(**env), capture_output=True, text=True,
                          timeout=timeout, cwd=HERE)
     results = [json.loads(line.split("RESULT ", 1)[1])
                for line in out.stdout.splitlines() if line.startswith("RESULT ")]
@@ -66,7 +59,7 @@ def test_trainer_use_cpu_alone_is_overridden_by_accelerate(tmp_path):
     torch-pjrt sets for the Trainer) even under use_cpu=True, so the model goes to pjrt and
     the batches to the CPU. If this starts to pass, update docs/ecosystem.md."""
     out = subprocess.run([sys.executable, os.path.join(HERE, "hf_trainer_job.py"),
-                          str(tmp_path), "--use-cpu"], env=_env(), capture_output=True,
+                          str(tmp_path), "--use-cpu"], env=user_env(), capture_output=True,
                          text=True, timeout=600, cwd=HERE)
     assert out.returncode != 0 and "pjrt:0 and cpu" in out.stderr
 

@@ -17,6 +17,7 @@ import time
 import urllib.request
 
 import pytest
+from user_shell import user_env
 
 pytest.importorskip("transformers")
 # fresh processes that compile their programs on a cold cache: minutes on a loaded 2-core
@@ -28,12 +29,7 @@ JOB = os.path.join(HERE, "hf_serving_job.py")
 
 
 def _env(**extra: str) -> dict:
-    """A user's shell: none of the variables this process set or the tests' XLA_FLAGS."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("USE_HUB_KERNELS", "ACCELERATE_TORCH_DEVICE", "XLA_FLAGS")
-           and not k.startswith("PYTEST")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", **extra)
-    return env
+    return user_env(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", **extra)
 
 
 def _job(*args: str, **env: str) -> dict:
