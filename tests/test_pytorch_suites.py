@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -15,7 +16,7 @@ from torch_pjrt import _env
 _TOOL = pathlib.Path(__file__).parents[1] / "tools" / "pytorch_tests.py"
 TEST_DIR = _env.get("TORCH_PJRT_PYTORCH_TESTS")
 
-pytestmark = pytest.mark.skipif(
+needs_test_dir = pytest.mark.skipif(
     not TEST_DIR or not os.path.isdir(TEST_DIR),
     reason="TORCH_PJRT_PYTORCH_TESTS does not name PyTorch's test/ directory")
 
@@ -23,10 +24,12 @@ pytestmark = pytest.mark.skipif(
 def _tool():
     spec = importlib.util.spec_from_file_location("pytorch_tests", _TOOL)
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("pytorch_tests", module)  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
+@needs_test_dir
 def test_slice_passes_where_the_cpu_passes(tmp_path):
     tool = _tool()
     present = [f for f in tool.CI_SLICE if (pathlib.Path(TEST_DIR) / f).exists()]
@@ -46,3 +49,21 @@ def test_slice_passes_where_the_cpu_passes(tmp_path):
         bad += [f"{r['file']} {t}: {r['pjrt'][t]['outcome']} {r['pjrt'][t]['message']}"
                 for t in s["unknown"]]
     assert not bad, "\n".join(bad)
+
+
+def test_device_only_skips_leave_the_rate():
+    tool = _tool()
+    import pytorch_tests_known as known
+
+    def o(outcome, message=""):
+        return {"outcome": outcome, "message": message, "secs": 0.0, "rss_mb": 0}
+
+    result = {"file": "test_made_up.py", "cpu": {f"T.t{i}": o("passed") for i in range(5)},
+              "pjrt": {"T.t0": o("passed"), "T.t1": o("skipped", "Only runs on cpu"),
+                       "T.t2": o("skipped", "onlyNativeDeviceTypes: doesn't run on privateuse1"),
+                       "T.t3": o("skipped", "requires scipy"), "T.t4": o("failed", "boom")}}
+    s = tool.summarize(result, known)
+    # t1 and t2 are PyTorch's device-only skips: out of the denominator, counted apart; a
+    # skip for another reason (t3) and a failure (t4) stay in it
+    assert s["counts"]["device-skip"] == 2 and s["counts"]["skipped"] == 1
+    assert (s["passing"], s["cpu_pass"]) == (1, 3)

@@ -73,6 +73,16 @@ HISTORY = ROOT / "docs" / "pytorch-tests-history.json"
 # CI's slice (tests/test_pytorch_suites.py): the smaller files, and a sample of test_ops.
 CI_SLICE = {"test_shape_ops.py": 60, "test_view_ops.py": 60, "test_ops.py": 40}
 
+# The skips PyTorch's device-type decorators raise because of the device alone (onlyCPU,
+# onlyCUDA, onlyOn, onlyNativeDeviceTypes, onlyAccelerator, deviceCountAtLeast,
+# skipPRIVATEUSE1...: common_device_type's own messages). A test skipped on pjrt with one of
+# them is not a pjrt result: it leaves the rate's denominator and is counted in its own column
+# (unless the known list names it: those count as they are).
+DEVICE_ONLY_SKIPS = re.compile(
+    r"^(Only runs on |onlyNativeDeviceTypes(And)?\b|onlyAccelerator: |onlyCUDAAndPRIVATEUSE1: "
+    r"|fewer than \d+ devices detected|Skip as torch has no module of "
+    r"|test doesn't work on privateuse1 backend)")
+
 DEVICE_SUFFIX = re.compile(r"_(privateuse1|pjrt|cpu)(?=(_|$))")
 CLASS_SUFFIX = re.compile(r"(PRIVATEUSE1|PJRT|CPU)$")
 
@@ -129,7 +139,9 @@ class _LineResult(unittest.TestResult):
         self._end(test, "failed", err)
 
     def addSkip(self, test, reason):
-        self._end(test, "skipped", reason=str(reason)[:200])
+        # the reason is the record's message: the report tells PyTorch's device-only skips
+        # (DEVICE_ONLY_SKIPS) from the others by it
+        self._end(test, "skipped", reason=str(reason)[:300])
 
     def addExpectedFailure(self, test, err):
         self._end(test, "skipped", reason="expected failure")
@@ -385,7 +397,8 @@ def run_file(path: Path, spec: dict, args, known) -> dict:
 
 # ---------------------------------------------------------------- report
 
-KINDS = ("passed", "failed", "skipped", "timeout", "crashed", "memory", "known-skip", "budget")
+KINDS = ("passed", "failed", "skipped", "device-skip", "timeout", "crashed", "memory",
+         "known-skip", "budget")
 
 
 def failure_kind(message: str) -> str:
@@ -395,11 +408,22 @@ def failure_kind(message: str) -> str:
     return text[:110]
 
 
+def device_only_skip(outcome: dict) -> bool:
+    """A skip PyTorch's decorators raise because the device is not the CPU or CUDA."""
+    return outcome["outcome"] == "skipped" and bool(DEVICE_ONLY_SKIPS.match(outcome["message"]))
+
+
 def summarize(result: dict, known) -> dict:
+    """Counts and rate of one file's run. The rate is over the tests that pass on the CPU,
+    less those PyTorch skips on pjrt for the device alone (device_only_skip), unless the known
+    list names them."""
     pjrt, cpu = result["pjrt"], result["cpu"]
-    counts = Counter(o["outcome"] for o in pjrt.values())
+    device_skips = {t for t, o in pjrt.items()
+                    if device_only_skip(o) and not known.reason(result["file"], t)}
+    counts = Counter("device-skip" if t in device_skips else o["outcome"]
+                     for t, o in pjrt.items())
     cpu_pass = {t for t, o in cpu.items() if o["outcome"] == "passed"}
-    both = [t for t in cpu_pass if t in pjrt]
+    both = [t for t in cpu_pass if t in pjrt and t not in device_skips]
     passing = [t for t in both if pjrt[t]["outcome"] == "passed"]
     # a test's time: its warm rerun's where there was one (a cold cache compiles every new
     # program: that cost is the compile cache's, measured apart)
@@ -422,14 +446,22 @@ def write_report(results: list[dict], known, path: Path, command: str) -> None:
         "",
         "Each file of PyTorch's `test/` ran in its own worker processes on `pjrt` "
         "(`PYTORCH_TESTING_DEVICE_ONLY_FOR=privateuse1`) and then on the CPU, a test at a time, "
-        "with a per-test time limit and a memory cap; *rate* is the share of the tests that "
-        "pass on the CPU in the same run that pass on pjrt. *known* are failures listed with "
-        "their reason in tools/pytorch_tests_known.py (run, or not run where they crash or hang).",
+        "with a per-test time limit and a memory cap. *rate* is the share of the tests that "
+        "pass on the CPU in the same run that pass on pjrt, leaving out those PyTorch skips on "
+        "pjrt for the device alone: *not for this device* counts them (skipped with one of "
+        "common_device_type's device messages: `Only runs on cpu` from onlyCPU/onlyOn, "
+        "onlyCUDA's `Only runs on cuda`, onlyNativeDeviceTypes, onlyAccelerator, "
+        "deviceCountAtLeast's `fewer than N devices detected`, skipPRIVATEUSE1; the pattern is "
+        "DEVICE_ONLY_SKIPS in tools/pytorch_tests.py). Every other skip on pjrt of a test that "
+        "passes on the CPU stays in the denominator, as a test that did not pass, and so do the "
+        "known failures. *known* are failures listed with their reason in "
+        "tools/pytorch_tests_known.py (run, or not run where they crash or hang).",
         "",
-        "| file | collected | passed | failed | skipped | timed out | crashed | memory "
-        "| known, not run | over budget | pass on CPU | rate | pjrt s | pjrt s warm | CPU s |",
+        "| file | collected | passed | failed | skipped | not for this device | timed out "
+        "| crashed | memory | known, not run | over budget | pass on CPU, run here | rate "
+        "| pjrt s | pjrt s warm | CPU s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- |",
+        "| --- | --- |",
     ]
     summaries = {}
     for r in results:
@@ -438,7 +470,8 @@ def write_report(results: list[dict], known, path: Path, command: str) -> None:
         rate = f"{s['rate']:.1f}%" if s["rate"] is not None else "-"
         lines.append(
             f"| {r['file']} | {len(r['pjrt'])} | {c['passed']} | {c['failed']} | "
-            f"{c['skipped']} | {c['timeout']} | {c['crashed']} | {c['memory']} | "
+            f"{c['skipped']} | {c['device-skip']} | {c['timeout']} | {c['crashed']} | "
+            f"{c['memory']} | "
             f"{c['known-skip']} | {c['budget']} | {s['cpu_pass']} | {rate} | "
             f"{r['pjrt_secs']:.0f} | "
             f"{'-' if r.get('warm_secs') is None else round(r['warm_secs'])} | "
@@ -552,9 +585,11 @@ def _history_lines(files: list[str]) -> list[str]:
     lines = ["## Before and after", "",
              f"Every recorded run of each file, oldest first ({HISTORY.relative_to(ROOT)}; "
              "`--history NOTE` adds a run). A blank is a count that run did not give.", "",
+             "*not for this device* is blank in the runs before the rate left PyTorch's "
+             "device-only skips out (their rate counts them as not passed).", "",
              "| file | run | collected | passed | failed | timed out | crashed or memory "
-             "| pass on CPU | rate | pjrt s | CPU s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| not for this device | pass on CPU | rate | pjrt s | CPU s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     order = files + sorted({row["file"] for row in rows} - set(files))
 
     def cell(row, *keys):
@@ -567,6 +602,7 @@ def _history_lines(files: list[str]) -> list[str]:
             lines.append(f"| {file} | {row['run']} | {cell(row, 'collected')} | "
                          f"{cell(row, 'passed')} | {cell(row, 'failed')} | "
                          f"{cell(row, 'timeout')} | {cell(row, 'crashed', 'memory')} | "
+                         f"{cell(row, 'device-skip')} | "
                          f"{cell(row, 'cpu_pass')} | {rate} | {cell(row, 'pjrt_s')} | "
                          f"{cell(row, 'cpu_s')} |")
     return lines + [""]
