@@ -57,6 +57,8 @@ FILES: dict[str, dict] = {
 # read). torch 2.13.0's own commit (torch.version.git_version cf30153c4c13...) is not among
 # the stored versions; these are the versions stored, each read whole and its length checked.
 _INDEX = "the search tool's index of pytorch/pytorch (read_file, 16,000 characters a page)"
+_FORK = ("the search tool's index of the fork maggiemoss/pytorch (read_file, 16,000 characters "
+         "a page)")
 SOURCES: dict[str, tuple[str, int, str]] = {
     "test_shape_ops.py": ("00972c015f0846e856f3fb8d46de73804a55a4de", 35524, _INDEX),
     "test_indexing.py": ("017943b70f6920c395e3b6dac100e2cd7ecfa92a", 98599, _INDEX),
@@ -67,6 +69,13 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     # yakov-helm/pytorch_exp carries it (`fetch`, then `git show COMMIT:test/FILE`)
     "test_type_promotion.py": ("47dca20d800310b03c24c1ccd5fa6b9c7cae034c", 56098,
                                "the upstream history in the fork yakov-helm/pytorch_exp"),
+    # the index's pytorch/pytorch copies of these are from 2020-2022 (torch._six,
+    # onlyOnCPUAndCUDA: they do not import on torch 2.13); these are upstream's as the fork
+    # maggiemoss/pytorch carries them, one commit for all, from September 2025 or later (they
+    # cite PyTorch issue 162473); a newer copy, in laurentdupin/pytorch, holds merge-conflict
+    # markers
+    "test_unary_ufuncs.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 78304, _FORK),
+    "test_reductions.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 194481, _FORK),
 }
 # Each run's counts per file (--history), oldest first: the report's before/after table.
 HISTORY = ROOT / "docs" / "pytorch-tests-history.json"
