@@ -69,11 +69,12 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     # yakov-helm/pytorch_exp carries it (`fetch`, then `git show COMMIT:test/FILE`)
     "test_type_promotion.py": ("47dca20d800310b03c24c1ccd5fa6b9c7cae034c", 56098,
                                "the upstream history in the fork yakov-helm/pytorch_exp"),
-    # the index's pytorch/pytorch copies of these are from 2020-2022 (torch._six,
-    # onlyOnCPUAndCUDA: they do not import on torch 2.13); these are upstream's as the fork
-    # maggiemoss/pytorch carries them, one commit for all, from September 2025 or later (they
-    # cite PyTorch issue 162473); a newer copy, in laurentdupin/pytorch, holds merge-conflict
-    # markers
+    # the index's pytorch/pytorch copy of test_unary_ufuncs.py is from 2020 (torch._six,
+    # onlyOnCPUAndCUDA: it does not import on torch 2.13) and its test_reductions.py predates
+    # upstream's 2024-25 reformatting; these are upstream's as the fork maggiemoss/pytorch
+    # carries them, one commit for all, from September 2025 or later (they cite PyTorch issue
+    # 162473), the closest to 2.13 stored whole (a newer copy, in laurentdupin/pytorch, holds
+    # merge-conflict markers)
     "test_unary_ufuncs.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 78304, _FORK),
     "test_reductions.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 194481, _FORK),
 }
