@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+_COMPLEX32 = ("makes complex32 (complex half) tensors, or expects them from complex and "
+              "float16 operands: XLA has no complex32 type, so pjrt refuses the dtype with "
+              "its dtype error")
+
 KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
     "test_shape_ops.py": {
         "TestShapeOps.test_flip_float32": (
@@ -45,9 +49,7 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "assume_unique settings, each pair a new program (over 120 s)", False),
     },
     "test_type_promotion.py": {
-        **{name: ("makes complex32 (complex half) tensors, or expects them from complex and "
-                  "float16 operands: XLA has no complex32 type, so pjrt refuses the dtype "
-                  "with its dtype error", True)
+        **{name: (_COMPLEX32, True)
            for name in ("TestTypePromotion.test_complex_assertraises",
                         "TestTypePromotion.test_complex_half",
                         "TestTypePromotion.test_complex_promotion",
@@ -66,6 +68,12 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
         "TestTypePromotion.test_comparison_ops_with_type_promotion": (
             "compile-bound, not wrong: comparisons over every dtype pair and operand kind, "
             "each a new program (over 120 s)", False),
+    },
+    "test_unary_ufuncs.py": {
+        # the OpInfo tests at complex32, and the chalf op (a conversion to complex32) at
+        # every dtype
+        "TestUnaryUfuncs.*_complex32": (_COMPLEX32, True),
+        "TestUnaryUfuncs.*_chalf_*": (_COMPLEX32, True),
     },
     "test_indexing.py": {
         "NumpyTests.test_trivial_fancy_out_of_bounds": (
