@@ -384,3 +384,21 @@ def test_exp2_within_an_ulp_over_the_whole_range(dtype) -> None:
     # one rounding of the result's own dtype (the int64 input computes in float32)
     eps = torch.finfo(expected.dtype).eps
     torch.testing.assert_close(actual, expected, rtol=eps, atol=0, equal_nan=True)
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+@pytest.mark.parametrize("name", ["sqrt", "log1p", "asin", "acos", "atan", "asinh", "acosh",
+                                  "atanh"])
+def test_complex_branch_cuts_follow_the_sign_of_zero(name, dtype) -> None:
+    # on a branch cut the sign of a zero real or imaginary part picks the side: the CPU gives
+    # sqrt(-1 - 0j) = -1j and asinh(-0 + 2j) = -1.317 + 1.571j, XLA's formulas gave +1j and
+    # +1.317 + 1.571j (PyTorch's test_reference_numerics_small_asinh complex128)
+    vals = [0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 3.14, -3.14, 1e-3, -1e-3]
+    z = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    fn = getattr(torch, name)
+    expected = torch.view_as_real(fn(z))
+    actual = torch.view_as_real(fn(z.to("pjrt")).cpu())
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+    if name not in ("acos", "log1p"):  # (their zero results' signs differ: +-0, equal values)
+        assert torch.equal(torch.signbit(actual), torch.signbit(expected))

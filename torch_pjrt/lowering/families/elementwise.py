@@ -33,6 +33,28 @@ def _real_only(fn, name: str):
     return real
 
 
+def _branch_cut(fn, odd: bool = False):
+    """`fn` on complex inputs with C99's signed-zero branch cuts (PyTorch's CPU): XLA's
+    complex sqrt, log1p and inverse trigonometric functions ignore the sign of a zero real
+    or imaginary part, so sqrt(-1 - 0j) came out +1j where the CPU gives -1j. These
+    functions are conjugate-symmetric, f(conj z) = conj f(z), and `odd` ones also satisfy
+    f(-z) = -f(z): computed at |re| + i|im| (where XLA is right), they take the signs back
+    from the input's sign bits."""
+
+    def cut(x):
+        if not is_complex(x):
+            return fn(x)
+        re, im = x.real, x.imag
+        w = fn(lax.complex(jnp.abs(re) if odd else re, jnp.abs(im)))
+        wr, wi = w.real, w.imag
+        if odd:  # the first quadrant maps into itself: its zeros are +0 (XLA gave -0)
+            wr, wi = jnp.abs(wr), jnp.abs(wi)
+            wr = jnp.where(jnp.signbit(re), -wr, wr)
+        return lax.complex(wr, jnp.where(jnp.signbit(im), -wi, wi))
+
+    return cut
+
+
 # op -> (JAX function, promotion kind)
 UNARY = {
     aten.neg.default: (jnp.negative, "default"),
@@ -45,21 +67,21 @@ UNARY = {
     aten.log.default: (jnp.log, "int_to_float"),
     aten.log2.default: (jnp.log2, "int_to_float"),
     aten.log10.default: (jnp.log10, "int_to_float"),
-    aten.log1p.default: (jnp.log1p, "int_to_float"),
-    aten.sqrt.default: (jnp.sqrt, "int_to_float"),
+    aten.log1p.default: (_branch_cut(jnp.log1p), "int_to_float"),
+    aten.sqrt.default: (_branch_cut(jnp.sqrt), "int_to_float"),
     aten.rsqrt.default: (lax.rsqrt, "int_to_float"),
     aten.sin.default: (jnp.sin, "int_to_float"),
     aten.cos.default: (jnp.cos, "int_to_float"),
     aten.tan.default: (jnp.tan, "int_to_float"),
-    aten.asin.default: (jnp.arcsin, "int_to_float"),
-    aten.acos.default: (jnp.arccos, "int_to_float"),
-    aten.atan.default: (jnp.arctan, "int_to_float"),
+    aten.asin.default: (_branch_cut(jnp.arcsin, odd=True), "int_to_float"),
+    aten.acos.default: (_branch_cut(jnp.arccos), "int_to_float"),
+    aten.atan.default: (_branch_cut(jnp.arctan, odd=True), "int_to_float"),
     aten.sinh.default: (jnp.sinh, "int_to_float"),
     aten.cosh.default: (jnp.cosh, "int_to_float"),
     aten.tanh.default: (jnp.tanh, "int_to_float"),
-    aten.asinh.default: (jnp.arcsinh, "int_to_float"),
-    aten.acosh.default: (jnp.arccosh, "int_to_float"),
-    aten.atanh.default: (jnp.arctanh, "int_to_float"),
+    aten.asinh.default: (_branch_cut(jnp.arcsinh, odd=True), "int_to_float"),
+    aten.acosh.default: (_branch_cut(jnp.arccosh), "int_to_float"),
+    aten.atanh.default: (_branch_cut(jnp.arctanh, odd=True), "int_to_float"),
     aten.erf.default: (jsp.erf, "int_to_float"),
     aten.erfc.default: (jsp.erfc, "int_to_float"),
     aten.reciprocal.default: (jnp.reciprocal, "int_to_float"),
