@@ -78,6 +78,12 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     "test_unary_ufuncs.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 78304, _FORK),
     "test_reductions.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 194481, _FORK),
     "test_tensor_creation_ops.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 215487, _FORK),
+    # not stored for maggiemoss/pytorch; ROCm/pytorch's newer copy holds merge-conflict
+    # markers and the index's pytorch/pytorch one is older (139,786 characters): the fork
+    # cekkr/pytorch's (upstream of 2024-25, torch.TensorBase)
+    "test_binary_ufuncs.py": ("accb4cefae16adabe776855c71867fdc8c1de85d", 180212,
+                              "the search tool's index of the fork cekkr/pytorch (read_file, "
+                              "16,000 characters a page)"),
 }
 # Each run's counts per file (--history), oldest first: the report's before/after table.
 HISTORY = ROOT / "docs" / "pytorch-tests-history.json"
