@@ -180,3 +180,20 @@ def test_out_tensor_of_another_dtype_sets_the_computation(op, out_dtype, mode):
     finally:
         torch_pjrt.set_eager_mode(before)
     torch.testing.assert_close(actual, expected, rtol=1e-2, atol=1e-6)
+
+
+@pytest.mark.usefixtures("eager_mode")
+def test_empty_dim_list_reduces_all_or_raises() -> None:
+    # dim=[] reduces every dimension on the CPU; for nansum (and nanmean, built on it)
+    # PyTorch's meta kernel keeps the input's shape instead, and pjrt's output took that
+    # shape: the broadcast total, a wrong result (PyTorch's test_dim_empty_nansum). pjrt
+    # raises there, and the other reductions keep matching the CPU
+    x = torch.tensor([[1.0, NAN, 3.0], [4.0, 5.0, 6.0]])
+    for fn in (lambda t: torch.sum(t, dim=[]), lambda t: torch.mean(t, dim=[]),
+               lambda t: torch.amax(t, dim=[]), lambda t: torch.sum(t, dim=[], keepdim=True),
+               lambda t: torch.nansum(t[0, 0], dim=[])):
+        compare(fn, x)
+    for fn in (lambda t: torch.nansum(t, dim=[]), lambda t: torch.nanmean(t, dim=[]),
+               lambda t: torch.nansum(t, dim=(), keepdim=True)):
+        with pytest.raises(RuntimeError, match=r"nansum\(\): dim=\[\]"):
+            fn(x.to("pjrt")).cpu()

@@ -56,6 +56,13 @@ def sum_(x, dim=None, keepdim=False, *, dtype=None):
 
 @lower(aten.nansum.default)
 def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    if isinstance(dim, (list, tuple)) and not dim and x.ndim:
+        # PyTorch's CPU and CUDA kernels reduce every dimension, its meta kernel (whose
+        # shape pjrt's output takes) none: the broadcast total was a wrong result
+        raise RuntimeError(
+            f"nansum(): dim=[] on a {x.ndim}-d pjrt tensor: PyTorch's CPU kernel reduces "
+            "every dimension but its meta kernel keeps the input's shape, which pjrt's "
+            "output takes; pass dim=None to reduce every dimension")
     if not is_int(x):
         x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
     return _sum(x, _axes(x, dim), keepdim, dtype)
