@@ -292,6 +292,10 @@ def run_tests(file: Path, device: str, tests: list[str], timeout: float, max_rss
     results: dict[str, Outcome] = {}
     remaining = list(tests)
     deadline = time.monotonic() + budget
+    # a worker's RSS grows with every program it compiles: the test that crosses the cap
+    # runs once more at the head of a fresh worker, and is marked `memory` only if it
+    # crosses it there too (its own memory, not the earlier tests')
+    retried: set[str] = set()
     while remaining:
         if time.monotonic() > deadline:
             for t in remaining:
@@ -346,8 +350,11 @@ def run_tests(file: Path, device: str, tests: list[str], timeout: float, max_rss
             name = signal.Signals(-code).name if code < 0 else f"exit {code}"
             tail = [ln for ln in err.strip().splitlines() if ln.strip()][-1:]
             ended_by = ("crashed", f"worker died ({name}) {tail[0][:200] if tail else ''}")
-        if current is not None:
-            results[current] = Outcome(normalize(current), ended_by[0], ended_by[1],
+        if current is not None and ended_by[0] == "memory" and current not in retried:
+            retried.add(current)  # the next worker starts with it
+        elif current is not None:
+            message = ended_by[1] + (" (in a fresh worker too)" if current in retried else "")
+            results[current] = Outcome(normalize(current), ended_by[0], message,
                                        time.monotonic() - started, peak)
         elif proc.returncode not in (0, None) and not results:
             tail = [ln for ln in err.strip().splitlines() if ln.strip()][-1:]
