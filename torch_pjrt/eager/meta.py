@@ -62,11 +62,28 @@ def run_meta(spec: OpSpec, values: list):
     if accept is not None and (written := accept(values)) is not None:
         return metas, metas[written]
     try:
-        out = _call_op(spec, metas)
+        if str(spec.op) in _KEEP_OUT_SHAPE:
+            with warnings.catch_warnings():  # "An output ... was resized": not on the CPU
+                warnings.simplefilter("ignore", UserWarning)
+                out = _call_op(spec, metas)
+        else:
+            out = _call_op(spec, metas)
     except Exception as meta_error:  # noqa: BLE001 - re-raised as the CPU's own error
         raise _cpu_error(spec, values) or meta_error from None
+    if str(spec.op) in _KEEP_OUT_SHAPE:
+        pos = spec.mutated[0]
+        if out.numel() == values[pos].numel() and tuple(out.shape) != tuple(values[pos].shape):
+            metas[pos] = out = _meta_tensor(values[pos])
     fix = _CPU_RESULT_DTYPES.get(str(spec.op))
     return metas, (fix(values, out) if fix is not None else out)
+
+
+# Factories whose CPU and CUDA kernels resize the out= tensor only where its element count
+# is not the result's (`if (result.numel() != steps) result.resize_({steps})`): the out=
+# view of linspace(0, 3, 4, out=x.narrow(1, 1, 2)) keeps its [2, 2] shape and gets the
+# values in row-major order. The meta functions resize it to [4] (writing other elements).
+_KEEP_OUT_SHAPE = {"aten.linspace.out", "aten.logspace.out", "aten.arange.start_out",
+                   "aten.arange.out", "aten.range.out"}
 
 
 def _bool_to_bool_power(values) -> bool:

@@ -18,13 +18,13 @@ from ._ops import aten
 @lower(aten.arange.start_out, static=("start", "end", "step"))
 def arange(start, end, step=1, *, meta):
     (out,) = meta
-    n = out.shape[0]
+    n = out.size  # an out= tensor of the right element count keeps its shape (row-major)
     dtype = out.dtype
     if jnp.issubdtype(dtype, jnp.integer):
-        return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(dtype)
+        return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(dtype).reshape(out.shape)
     acc = jnp.float64
     values = jnp.asarray(start, acc) + jnp.arange(n, dtype=acc) * jnp.asarray(step, acc)
-    return values.astype(dtype)
+    return values.astype(dtype).reshape(out.shape)
 
 
 # Functional factories: in eager they reach the backend as empty + an out= op; compiled
@@ -43,19 +43,40 @@ def empty(size, *args, meta, **kwargs):
     return jnp.zeros(meta[0].shape, meta[0].dtype)
 
 
-@lower(aten.linspace.out)
-def linspace(start, end, steps, *, meta):
-    (out,) = meta
+def _linspace(start, end, steps, acc):
     if steps == 1:
-        return jnp.full((1,), start, out.dtype)
-    acc = jnp.float64 if not jnp.issubdtype(out.dtype, jnp.complexfloating) else jnp.complex128
+        return jnp.full((1,), start, acc)
     start, end = jnp.asarray(start, acc), jnp.asarray(end, acc)
     step = (end - start) / (steps - 1)
     i = jnp.arange(steps, dtype=acc)
     # PyTorch fills the first half from start and the second half from end.
     half = steps // 2
-    vals = jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
-    return vals.astype(out.dtype)
+    return jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+
+
+def _accumulator(dtype):
+    return jnp.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else jnp.float64
+
+
+# An out= tensor whose element count is `steps` keeps its shape (CPU and CUDA resize it
+# only otherwise): the values go into it in row-major order.
+@lower(aten.linspace.out)
+def linspace(start, end, steps, *, meta):
+    (out,) = meta
+    if steps == 1:
+        return jnp.full(out.shape, start, out.dtype)
+    return _linspace(start, end, steps, _accumulator(out.dtype)).astype(out.dtype) \
+        .reshape(out.shape)
+
+
+@lower(aten.logspace.out)
+def logspace(start, end, steps, base=10.0, *, meta):
+    (out,) = meta
+    if jnp.issubdtype(out.dtype, jnp.integer):  # the CPU kernel takes start and end as ints
+        start, end = (jnp.trunc(jnp.asarray(v, jnp.float64)) for v in (start, end))
+    acc = _accumulator(out.dtype)
+    return (jnp.asarray(base, acc) ** _linspace(start, end, steps, acc)).astype(out.dtype) \
+        .reshape(out.shape)
 
 
 @lower(aten.eye.out, aten.eye.m_out)

@@ -1,0 +1,49 @@
+"""Factories with out= (arange, linspace, logspace), differential against CPU in each eager
+mode."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
+
+def _both(fn, shape, dtype):
+    """fn(out) on a zeroed CPU and pjrt base: the bases and results after the call."""
+    got = []
+    for device in ("cpu", "pjrt"):
+        base = torch.zeros(shape, dtype=dtype, device=device)
+        result = fn(base)
+        got.append((base.cpu(), result.cpu()))
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_out_of_the_right_size_keeps_its_shape(dtype):
+    # CPU and CUDA resize the out= tensor only where its element count is not the result's:
+    # a [2, 2] view gets the 4 values row-major, in place (PyTorch's
+    # test_linspace / test_logspace checks). pjrt resized it to [4], writing other elements
+    # of the base.
+    calls = {
+        "linspace": lambda b: torch.linspace(0, 3, 4, out=b.narrow(1, 1, 2), dtype=dtype),
+        "logspace": lambda b: torch.logspace(0, 3, 4, out=b.narrow(1, 1, 2), dtype=dtype),
+        "arange": lambda b: torch.arange(0, 4, out=b.narrow(1, 1, 2)),
+        "arange_t": lambda b: torch.arange(0, 6, out=b.t()),
+        "linspace_grow": lambda b: torch.linspace(0, 1, 8, out=b.narrow(1, 1, 2)),
+    }
+    for name, fn in calls.items():
+        (cpu_base, cpu_out), (dev_base, dev_out) = _both(fn, (2, 3), dtype)
+        assert dev_out.shape == cpu_out.shape, name
+        torch.testing.assert_close(dev_out, cpu_out, msg=name)
+        if name != "linspace_grow":  # a resized non-contiguous out: storage use differs
+            torch.testing.assert_close(dev_base, cpu_base, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64,
+                                   torch.complex64])
+def test_logspace_values(dtype):
+    cases = [(0, 3, 4, 10.0), (-2.5, 3.7, 7, 2.0), (-2, 3, 1, 10.0), (0, 1, 0, 10.0),
+             (0, 3, 4, -2.0), (1, -1, 5, 0.5)]
+    for start, end, steps, base in cases:
+        expected = torch.logspace(start, end, steps, base=base, dtype=dtype)
+        got = torch.logspace(start, end, steps, base=base, dtype=dtype, device="pjrt").cpu()
+        torch.testing.assert_close(got, expected, msg=str((start, end, steps, base)))
