@@ -47,3 +47,23 @@ def test_logspace_values(dtype):
         expected = torch.logspace(start, end, steps, base=base, dtype=dtype)
         got = torch.logspace(start, end, steps, base=base, dtype=dtype, device="pjrt").cpu()
         torch.testing.assert_close(got, expected, msg=str((start, end, steps, base)))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32,
+                                   torch.int64])
+def test_integral_linspace_is_the_cpus(dtype):
+    # XLA made (end - start) / 49 a product with 1/49, an ulp low: the truncated values
+    # lost 1 (PyTorch's test_linspace_vs_numpy_integral). start and end are taken in the
+    # result's dtype first: truncated, a negative integer wrapped around uint8, a value out
+    # of range refused ("value cannot be converted to type int8_t without overflow").
+    cases = [(1, 127, 25), (1, 127, 50), (1.7, 99.2, 33), (-100, 100, 401), (2, 0, 3),
+             (-3.5, 7.9, 17), (-300, 3, 5), (0, 40000, 7), (0, 1, 1)]
+    for start, end, steps in cases:
+        try:
+            expected = torch.linspace(start, end, steps, dtype=dtype)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=str(e)):
+                torch.linspace(start, end, steps, dtype=dtype, device="pjrt").cpu()
+            continue
+        got = torch.linspace(start, end, steps, dtype=dtype, device="pjrt").cpu()
+        assert torch.equal(got, expected), (start, end, steps)

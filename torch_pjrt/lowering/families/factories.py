@@ -47,11 +47,39 @@ def _linspace(start, end, steps, acc):
     if steps == 1:
         return jnp.full((1,), start, acc)
     start, end = jnp.asarray(start, acc), jnp.asarray(end, acc)
-    step = (end - start) / (steps - 1)
+    # XLA turns a division by a constant into a product with its reciprocal, which is an ulp
+    # off for 49 (126 / 49): integral results, truncated, then lost 1 where CPU's did not.
+    step = (end - start) / jax.lax.optimization_barrier(jnp.asarray(steps - 1, acc))
     i = jnp.arange(steps, dtype=acc)
     # PyTorch fills the first half from start and the second half from end.
     half = steps // 2
     return jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+
+
+_C_TYPES = {"uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int",
+            "int64": "int64_t"}
+
+
+def _integral_ends(start, end, dtype):
+    """CPU's kernels take start and end in the result's dtype (Scalar::to, which refuses a
+    value out of its range and lets a negative integer wrap around an unsigned type)."""
+    if not jnp.issubdtype(dtype, jnp.integer) or str(jnp.dtype(dtype)) not in _C_TYPES:
+        return start, end
+    info = jnp.iinfo(dtype)
+    ends = []
+    for v in (start, end):
+        v = jnp.asarray(v)
+        if jnp.issubdtype(v.dtype, jnp.integer):
+            low = -int(info.max) if info.min == 0 else int(info.min)
+            ok = (v >= low) & (v <= info.max)
+            v = v.astype(jnp.int64).astype(dtype)
+        else:
+            ok = jnp.isinf(v) | ((v >= info.min) & (v <= info.max))
+            v = jnp.trunc(v).astype(dtype)
+        require(ok, RuntimeError, "value cannot be converted to type "
+                f"{_C_TYPES[str(jnp.dtype(dtype))]} without overflow")
+        ends.append(v.astype(jnp.float64))
+    return tuple(ends)
 
 
 def _accumulator(dtype):
@@ -65,6 +93,7 @@ def linspace(start, end, steps, *, meta):
     (out,) = meta
     if steps == 1:
         return jnp.full(out.shape, start, out.dtype)
+    start, end = _integral_ends(start, end, out.dtype)
     return _linspace(start, end, steps, _accumulator(out.dtype)).astype(out.dtype) \
         .reshape(out.shape)
 
@@ -72,8 +101,7 @@ def linspace(start, end, steps, *, meta):
 @lower(aten.logspace.out)
 def logspace(start, end, steps, base=10.0, *, meta):
     (out,) = meta
-    if jnp.issubdtype(out.dtype, jnp.integer):  # the CPU kernel takes start and end as ints
-        start, end = (jnp.trunc(jnp.asarray(v, jnp.float64)) for v in (start, end))
+    start, end = _integral_ends(start, end, out.dtype)
     acc = _accumulator(out.dtype)
     return (jnp.asarray(base, acc) ** _linspace(start, end, steps, acc)).astype(out.dtype) \
         .reshape(out.shape)
