@@ -67,3 +67,30 @@ def test_integral_linspace_is_the_cpus(dtype):
             continue
         got = torch.linspace(start, end, steps, dtype=dtype, device="pjrt").cpu()
         assert torch.equal(got, expected), (start, end, steps)
+
+
+_INT64 = torch.iinfo(torch.int64)
+
+
+@pytest.mark.parametrize("case", [
+    # (dtype, call, lowest, highest): the CPU's inclusive bounds of random_
+    (torch.float32, lambda t: t.random_(-2**24, None), -2**24, 2**24),  # was up to 2**23
+    (torch.bfloat16, lambda t: t.random_(-2**8, None), -2**8, 2**8),
+    (torch.float16, lambda t: t.random_(32752), 0, 32736),  # 32752 - 1 rounds up to 32752
+    (torch.float64, lambda t: t.random_(), 0, 2**53),
+    (torch.int64, lambda t: t.random_(), 0, _INT64.max),  # raised OverflowError
+    (torch.int64, lambda t: t.random_(_INT64.min, None), _INT64.min, _INT64.max),
+    (torch.int8, lambda t: t.random_(-128, None), -128, 127),
+    (torch.bool, lambda t: t.random_(0, None), 0, 1),
+])
+def test_random_bounds_are_the_cpus(case):
+    # PyTorch's test_random_full_range, test_random_to and test_random_default: every value
+    # within the CPU's bounds, the extremes within a tenth of the range of them
+    dtype, call, low, high = case
+    torch.manual_seed(0)
+    t = torch.empty(20000, dtype=dtype, device="pjrt")
+    call(t)
+    values = t.cpu().double()
+    delta = max(1, 0.1 * (high - low + 1))
+    assert low <= values.min().item() < low + delta
+    assert high - delta < values.max().item() <= high

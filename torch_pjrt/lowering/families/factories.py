@@ -198,12 +198,39 @@ def bernoulli(p, *, generator=None, key):
     return (u < p).astype(p.dtype)
 
 
-def _randint(key, shape, low, high, dtype):
-    """Integers uniform in [low, high), drawn in 64 bits so int64 ranges are exact."""
-    span = (jnp.asarray(high, jnp.int64) - jnp.asarray(low, jnp.int64)).astype(jnp.uint64)
+def _randint_inclusive(key, shape, low, high, dtype):
+    """Integers uniform in [low, high], int64 bounds (the whole int64 range included),
+    drawn in 64 bits as the CPU's kernel does (the remainder of a 64-bit draw)."""
+    low = jnp.asarray(low, jnp.int64).astype(jnp.uint64)
+    span = jnp.asarray(high, jnp.int64).astype(jnp.uint64) - low + jnp.uint64(1)  # 0: 2**64
     bits = jax.random.bits(key, shape, jnp.uint64)
-    return (jnp.asarray(low, jnp.int64) + (bits % jnp.maximum(span, 1)).astype(jnp.int64)
-            ).astype(dtype)
+    drawn = jnp.where(span == 0, bits, bits % jnp.maximum(span, jnp.uint64(1)))
+    return (low + drawn).astype(jnp.int64).astype(dtype)
+
+
+def _randint(key, shape, low, high, dtype):
+    """Integers uniform in [low, high)."""
+    return _randint_inclusive(key, shape, low, jnp.asarray(high, jnp.int64) - 1, dtype)
+
+
+def _fit_bounds(from_, to, dtype):
+    """The CPU's update_from/update_to for a floating dtype: a bound whose neighbour (from
+    + 1, to - 1) rounds past it in the dtype moves in by the dtype's spacing there, so that
+    no drawn value rounds out of [from, to) (random_(32752) of float16 draws below 32736)."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return from_, to
+    digits = jnp.finfo(dtype).nmant + 1
+
+    def spacing(v):  # 1 << (floor(log2 |v|) - digits + 1)
+        n = 63 - jax.lax.clz(jnp.abs(v))
+        return jnp.left_shift(jnp.int64(1), jnp.maximum(n - digits + 1, 0))
+
+    from_, to = jnp.asarray(from_, jnp.int64), jnp.asarray(to, jnp.int64)
+    after = (from_ + 1).astype(dtype).astype(jnp.int64)
+    from_ = jnp.where(after < from_, after + spacing(from_ + 1), from_)
+    before = (to - 1).astype(dtype).astype(jnp.int64)
+    to = jnp.where(before >= to, before - spacing(to - 1), to)
+    return from_, to
 
 
 def _check_range(from_, to) -> None:
@@ -214,18 +241,21 @@ def _check_range(from_, to) -> None:
 
 @lower(getattr(aten.random_, "from"), getattr(aten.random, "from"), random=True)
 def random_from_(x, from_, to=None, *, generator=None, key):
-    if to is None:
-        info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else None
-        to = info.max + 1 if info is not None else 2 ** jnp.finfo(x.dtype).nmant + 1
-    else:
-        _check_range(from_, to)
-    return _randint(key, x.shape, from_, to, x.dtype)
+    if to is None:  # up to the dtype's largest integer (a float's 2 ** digits), included
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            from_, _ = _fit_bounds(from_, 1, x.dtype)
+            return _randint_inclusive(key, x.shape, from_, 2 ** (jnp.finfo(x.dtype).nmant + 1),
+                                      x.dtype)
+        high = 1 if x.dtype == jnp.bool_ else min(int(jnp.iinfo(x.dtype).max), 2 ** 63 - 1)
+        return _randint_inclusive(key, x.shape, from_, high, x.dtype)
+    _check_range(from_, to)
+    return _randint(key, x.shape, *_fit_bounds(from_, to, x.dtype), x.dtype)
 
 
 @lower(aten.random_.to, aten.random.to, random=True)
 def random_to_(x, to, *, generator=None, key):
     _check_range(0, to)
-    return _randint(key, x.shape, 0, to, x.dtype)
+    return _randint(key, x.shape, *_fit_bounds(0, to, x.dtype), x.dtype)
 
 
 @lower(aten.random_.default, aten.random.default, random=True)
@@ -233,8 +263,9 @@ def random_(x, *, generator=None, key):
     if x.dtype == jnp.bool_:
         return _randint(key, x.shape, 0, 2, x.dtype)
     if jnp.issubdtype(x.dtype, jnp.integer):
-        return _randint(key, x.shape, 0, int(jnp.iinfo(x.dtype).max) + 1, x.dtype)
-    return _randint(key, x.shape, 0, 2 ** (jnp.finfo(x.dtype).nmant + 1) + 1, x.dtype)
+        high = min(int(jnp.iinfo(x.dtype).max), 2 ** 63 - 1)
+        return _randint_inclusive(key, x.shape, 0, high, x.dtype)
+    return _randint_inclusive(key, x.shape, 0, 2 ** (jnp.finfo(x.dtype).nmant + 1), x.dtype)
 
 
 @lower(aten.exponential_.default, random=True)
