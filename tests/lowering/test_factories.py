@@ -1,6 +1,8 @@
 """Factories with out= (arange, linspace, logspace), differential against CPU in each eager
 mode."""
 
+import re
+
 import pytest
 import torch
 
@@ -94,3 +96,20 @@ def test_random_bounds_are_the_cpus(case):
     delta = max(1, 0.1 * (high - low + 1))
     assert low <= values.min().item() < low + delta
     assert high - delta < values.max().item() <= high
+
+
+def test_randperm_refuses_an_n_its_dtype_cannot_count_to():
+    # PyTorch's test_randperm: randperm(2**24 + 2, out=float32) ran on pjrt (the CPU's
+    # precision check is in no meta function, and the call is too large for the CPU
+    # stand-ins that catch the rest)
+    for dtype, small, large in [(torch.uint8, 2**8, 2**8 + 1),
+                                (torch.float16, 2**11 + 1, 2**11 + 2),
+                                (torch.float32, 2**10, 2**24 + 2),
+                                (torch.float64, 2**10, 2**53 + 2)]:
+        out = torch.empty(0, dtype=dtype, device="pjrt")
+        torch.randperm(small, out=out)
+        assert sorted(out.cpu().long().tolist()) == list(range(small))
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.randperm(large, out=torch.empty(0, dtype=dtype))
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu_error.value))):
+            torch.randperm(large, out=out)

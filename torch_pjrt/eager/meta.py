@@ -58,6 +58,9 @@ def _call_op(spec: OpSpec, values: list):
 def run_meta(spec: OpSpec, values: list):
     """The op on meta tensors: PyTorch's checks and output metadata, without data."""
     metas = [_meta_value(a, v) for a, v in zip(spec.args, values)]
+    precheck = _CPU_ARGUMENT_CHECKS.get(str(spec.op))
+    if precheck is not None:
+        precheck(values)
     accept = _CPU_ACCEPTS.get(str(spec.op))
     if accept is not None and (written := accept(values)) is not None:
         return metas, metas[written]
@@ -76,6 +79,28 @@ def run_meta(spec: OpSpec, values: list):
             metas[pos] = out = _meta_tensor(values[pos])
     fix = _CPU_RESULT_DTYPES.get(str(spec.op))
     return metas, (fix(values, out) if fix is not None else out)
+
+
+_RANDPERM_LIMITS = {torch.float16: (2 ** 11 + 1, "2049", "Half"),
+                    torch.float32: (2 ** 24 + 1, "2^24+1", "Float"),
+                    torch.float64: (2 ** 53 + 1, "2^53+1", "Double")}
+
+
+def _randperm_precision(values) -> None:
+    """The CPU's refusal of a randperm whose n a floating out= dtype cannot count to exactly
+    (check_supported_max_int_with_precision). The meta function has none, and cpu_check's
+    stand-ins skip a call this large (randperm(2**24 + 2, out=float32) ran)."""
+    n = values[0]
+    out = next((v for v in reversed(values) if isinstance(v, torch.Tensor)), None)
+    limit = _RANDPERM_LIMITS.get(out.dtype) if out is not None else None
+    if limit is not None and isinstance(n, int) and n > limit[0]:
+        raise RuntimeError(f"n cannot be greater than {limit[1]} for {limit[2]} type.")
+
+
+# Checks the CPU kernel makes on the arguments before anything else, and the meta function
+# lacks.
+_CPU_ARGUMENT_CHECKS = {"aten.randperm.out": _randperm_precision,
+                        "aten.randperm.generator_out": _randperm_precision}
 
 
 # Factories whose CPU and CUDA kernels resize the out= tensor only where its element count
