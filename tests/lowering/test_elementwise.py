@@ -402,3 +402,20 @@ def test_complex_branch_cuts_follow_the_sign_of_zero(name, dtype) -> None:
     torch.testing.assert_close(actual, expected, equal_nan=True)
     if name not in ("acos", "log1p"):  # (their zero results' signs differ: +-0, equal values)
         assert torch.equal(torch.signbit(actual), torch.signbit(expected))
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64,
+                                   torch.uint16], ids=str)
+def test_orthogonal_polynomials_of_integers_are_computed_in_float(dtype) -> None:
+    # PyTorch's test_binary_ufuncs (test_contig_size1 and others) on integer operands: the
+    # CPU computes in the default float dtype; pjrt kept the integer dtype (uint8's Hermite
+    # H_6(5) wrapped to 56, Legendre's and Laguerre's divisions failed to trace)
+    x = torch.tensor([0, 1, 2, 3, 5, 7], dtype=dtype)
+    n = torch.tensor([3, 2, 4, 1, 6, 5], dtype=dtype)
+    names = [name for name in dir(torch.special) if "_polynomial_" in name]
+    assert len(names) == 12
+    for name in names:
+        fn = getattr(torch.special, name)
+        got = compare(fn, x, n)
+        assert got.dtype == torch.float32, name

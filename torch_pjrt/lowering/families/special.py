@@ -347,6 +347,8 @@ def airy_ai(x):
 
 
 # ------------------------------------------------------ orthogonal polynomials
+# Integer operands are computed in the default float dtype, as on the CPU (kept integral,
+# uint8's Hermite H_6(5) wrapped to 56, and the divisions of Legendre and Laguerre failed).
 def _recurrence(x, n_int, p0, p1, step, done):
     """p_n(x) for per-element degree n >= 2 from p_0, p_1 and p_{k+1} = step(k, p_k, p_{k-1});
     elements where `done` is set keep their value (the loop runs to the largest n needed)."""
@@ -442,12 +444,12 @@ def _chebyshev_lowering(kind: str, shifted: bool):
 
 register_each({
     getattr(aten, f"special_{'shifted_' if shifted else ''}chebyshev_polynomial_{kind}").default:
-        (_chebyshev_lowering(kind, shifted), "default")
+        (_chebyshev_lowering(kind, shifted), "int_to_float")
     for kind in "tuvw" for shifted in (False, True)
 })
 
 
-@lower(aten.special_hermite_polynomial_h.default, promote="default")
+@lower(aten.special_hermite_polynomial_h.default, promote="int_to_float")
 def hermite_polynomial_h(x, n):
     x, n = jnp.broadcast_arrays(x, n)
     n = n.astype(jnp.int64)
@@ -455,7 +457,7 @@ def hermite_polynomial_h(x, n):
                        lambda k, q, p: (x + x) * q - 2 * k.astype(x.dtype) * p, [])
 
 
-@lower(aten.special_hermite_polynomial_he.default, promote="default")
+@lower(aten.special_hermite_polynomial_he.default, promote="int_to_float")
 def hermite_polynomial_he(x, n):
     x, n = jnp.broadcast_arrays(x, n)
     n = n.astype(jnp.int64)
@@ -463,7 +465,7 @@ def hermite_polynomial_he(x, n):
                        lambda k, q, p: x * q - k.astype(x.dtype) * p, [])
 
 
-@lower(aten.special_laguerre_polynomial_l.default, promote="default")
+@lower(aten.special_laguerre_polynomial_l.default, promote="int_to_float")
 def laguerre_polynomial_l(x, n):
     x, n = jnp.broadcast_arrays(x, n)
     n = n.astype(jnp.int64)
@@ -476,7 +478,7 @@ def laguerre_polynomial_l(x, n):
     return _polynomial(x, n, jnp.ones_like(x), 1 - x, step, [(zero_x, jnp.ones_like(x))])
 
 
-@lower(aten.special_legendre_polynomial_p.default, promote="default")
+@lower(aten.special_legendre_polynomial_p.default, promote="int_to_float")
 def legendre_polynomial_p(x, n):
     x, n = jnp.broadcast_arrays(x, n)
     n = n.astype(jnp.int64)
