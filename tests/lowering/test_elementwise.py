@@ -419,3 +419,23 @@ def test_orthogonal_polynomials_of_integers_are_computed_in_float(dtype) -> None
         fn = getattr(torch.special, name)
         got = compare(fn, x, n)
         assert got.dtype == torch.float32, name
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64],
+                         ids=str)
+def test_nextafter_is_the_cpus_bit_for_bit(dtype) -> None:
+    # PyTorch's test_nextafter_bfloat16: bfloat16 was stepped in float32 and rounded back
+    # (nextafter(1, 2) gave 1, nextafter(0, 1) gave 0), and subnormal operands compared as
+    # zero on XLA:CPU (nextafter(1e-40, 0) gave 0 in float32)
+    vals = [0.0, -0.0, 1.0, -1.0, 2.0, 20.0, -3000.0, 65536.0, math.inf, -math.inf, math.nan,
+            1e-40, -1e-40, 1e-310, 3.3e38, 65504.0, 6e-8]
+    pairs = list(itertools.product(vals, vals))
+    x = torch.tensor([a for a, _ in pairs], dtype=dtype)
+    y = torch.tensor([b for _, b in pairs], dtype=dtype)
+    expected = torch.nextafter(x, y)
+    got = torch.nextafter(x.to("pjrt"), y.to("pjrt")).cpu()
+    same = (got == expected) & (torch.signbit(got) == torch.signbit(expected))
+    same |= got.isnan() & expected.isnan()
+    assert bool(same.all()), [(pairs[i], expected[i].item(), got[i].item())
+                              for i in (~same).nonzero().flatten()[:5].tolist()]

@@ -239,6 +239,37 @@ def frexp(x):
 
 
 # -------------------------------------------------------------------- binary
+_BITS = {2: (jnp.uint16, jnp.int32), 4: (jnp.uint32, jnp.int64), 8: (jnp.uint64, jnp.int64)}
+
+
+def nextafter(x, y):
+    """The next representable value after x towards y, stepped on the bits in the operands'
+    own dtype: +1 or -1 on the magnitude, the smallest subnormal (with y's sign) from zero.
+    jnp.nextafter stepped bfloat16 in float32 and rounded back (nextafter(1, 2) gave 1),
+    and XLA:CPU's float comparisons take subnormals for zero, so the order is the bits' too."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.nextafter(x, y)
+    x, y = jnp.broadcast_arrays(x, y)
+    unsigned, wide = _BITS[x.dtype.itemsize]
+    sign = unsigned(1 << (8 * x.dtype.itemsize - 1))
+    bx, by = (lax.bitcast_convert_type(v, unsigned) for v in (x, y))
+    mx, my = bx & ~sign, by & ~sign
+    inf = lax.bitcast_convert_type(jnp.asarray(jnp.inf, x.dtype), unsigned)
+    nan = (mx > inf) | (my > inf)
+
+    def key(b, m):  # ordered as the values: -magnitude for a negative
+        return jnp.where((b & sign) != 0, -m.astype(wide), m.astype(wide))
+
+    kx, ky = key(bx, mx), key(by, my)
+    away = (kx < ky) == (kx > 0)  # the magnitude grows
+    stepped = jnp.where(away, bx + unsigned(1), bx - unsigned(1))
+    tiny = (by & sign) | unsigned(1)
+    out = jnp.where(mx == 0, tiny, stepped)
+    out = jnp.where(kx == ky, by, out)
+    out = lax.bitcast_convert_type(out, x.dtype)
+    return jnp.where(nan, jnp.asarray(jnp.nan, x.dtype), out)
+
+
 BINARY = {
     aten.mul.Tensor: (jnp.multiply, "default"),
     aten.mul.Scalar: (jnp.multiply, "default"),
@@ -252,7 +283,7 @@ BINARY = {
     aten.hypot.default: (jnp.hypot, "default"),
     aten.copysign.Tensor: (jnp.copysign, "int_to_float"),
     aten.copysign.Scalar: (jnp.copysign, "int_to_float"),
-    aten.nextafter.default: (jnp.nextafter, "default"),
+    aten.nextafter.default: (nextafter, "no_opmath"),  # steps in the operands' own dtype
     aten.bitwise_and.Tensor: (jnp.bitwise_and, "default"),
     aten.bitwise_and.Scalar: (jnp.bitwise_and, "default"),
     aten.bitwise_or.Tensor: (jnp.bitwise_or, "default"),
