@@ -439,3 +439,22 @@ def test_nextafter_is_the_cpus_bit_for_bit(dtype) -> None:
     same |= got.isnan() & expected.isnan()
     assert bool(same.all()), [(pairs[i], expected[i].item(), got[i].item())
                               for i in (~same).nonzero().flatten()[:5].tolist()]
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_trunc_division_rounds_the_quotient_to_the_dtype_first(dtype) -> None:
+    # PyTorch's test_div_rounding_numpy_float16: the CPU rounds a float16 (bfloat16)
+    # quotient to the dtype before truncating, 56672 / 31.3125 = 1809.97 -> 1810; pjrt
+    # truncated the float32 quotient (1809). By a one-element divisor the CPU divides in
+    # float32 and truncates there, and so does pjrt.
+    g = torch.Generator().manual_seed(0)
+    a = ((torch.rand(20000, generator=g) - 0.5) * 2000).to(dtype)
+    b = ((torch.rand(20000, generator=g) - 0.5) * 60).to(dtype)
+    b[b == 0] = 1
+    a[:2] = torch.tensor([56672.0, -26192.0]).to(dtype)
+    b[:2] = torch.tensor([31.3125, -1139.0]).to(dtype)
+    for divisor in (b, b[3:4], b[3]):
+        expected = torch.div(a, divisor, rounding_mode="trunc")
+        got = torch.div(a.to("pjrt"), divisor.to("pjrt"), rounding_mode="trunc").cpu()
+        assert torch.equal(got, expected), (expected != got).sum()

@@ -360,20 +360,25 @@ def _div_floor(x, y):
     return jnp.where(y == 0, x / y, floordiv)
 
 
-def _div_trunc(x, y):
+def _div_trunc(x, y, dtype):
+    """Truncated division as the CPU's kernel: for float16 and bfloat16 it rounds the
+    quotient to the dtype before truncating (56672 / 31.3125 is 1809.97 in float32, 1810 in
+    float16), except by a divisor of one element, which it divides by in float32 and
+    truncates there."""
     if is_int(x):
         _nonzero_divisor(y)
         x, y = jnp.broadcast_arrays(x, jnp.where(y == 0, jnp.ones((), y.dtype), y))
         return lax.div(x, y)
-    return jnp.trunc(x / y)
+    q = x / y
+    return jnp.trunc(q if jnp.size(y) == 1 else q.astype(dtype))
 
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default", static=("rounding_mode",))
-def div_mode(x, y, *, rounding_mode=None):
+def div_mode(x, y, *, rounding_mode=None, meta):
     if rounding_mode is None:
         return jnp.true_divide(x, y)
     if rounding_mode == "trunc":
-        return _div_trunc(x, y)
+        return _div_trunc(x, y, meta[0].dtype)
     return _div_floor(x, y)
 
 
