@@ -458,3 +458,20 @@ def test_trunc_division_rounds_the_quotient_to_the_dtype_first(dtype) -> None:
         expected = torch.div(a, divisor, rounding_mode="trunc")
         got = torch.div(a.to("pjrt"), divisor.to("pjrt"), rounding_mode="trunc").cpu()
         assert torch.equal(got, expected), (expected != got).sum()
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_a_number_where_the_op_takes_a_tensor(dtype) -> None:
+    # PyTorch's test_xlogy_xlog1py and test_type_promotion of the polynomials: xlogy(2.0, t)
+    # reaches pjrt as xlogy.Tensor with the number wrapped as a tensor, and pjrt's meta
+    # step, calling the overload with the number, raised "Expected a value of type
+    # 'Tensor' for argument 'self'"
+    y = torch.tensor([1, 2, 0, 1], dtype=dtype)
+    for fn in (lambda t: torch.xlogy(2.0, t), lambda t: torch.xlogy(t, 3),
+               lambda t: torch.special.xlogy(2, t), lambda t: torch.special.xlog1py(2.0, t),
+               lambda t: torch.special.xlog1py(t, 2.0),
+               lambda t: torch.special.chebyshev_polynomial_t(t, 2),
+               lambda t: torch.special.shifted_chebyshev_polynomial_u(2.0, t)):
+        got = compare(fn, y)
+        assert got.dtype == fn(y).dtype

@@ -52,7 +52,17 @@ def _split(spec: OpSpec, values: list) -> tuple[list, dict]:
 
 def _call_op(spec: OpSpec, values: list):
     pos, kw = _split(spec, values)
-    return spec.op(*pos, **kw)
+    try:
+        return spec.op(*pos, **kw)
+    except RuntimeError:
+        if not any(a.kind in (TENSOR, OPT_TENSOR) and isinstance(v, (bool, int, float, complex))
+                   for a, v in zip(spec.args, values)):
+            raise
+    # A number where the schema has a tensor: one that PyTorch wrapped as a tensor (the
+    # composite xlogy(2.0, t) calls xlogy.Tensor so), which the overload, called from
+    # Python, refuses. The packet picks the overload that takes the number
+    # (xlogy.Scalar_Self), and its result type is the wrapped number's.
+    return spec.op.overloadpacket(*pos, **kw)
 
 
 def run_meta(spec: OpSpec, values: list):
