@@ -75,6 +75,11 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
         "TestUnaryUfuncs.*_complex32": (_COMPLEX32, True),
         "TestUnaryUfuncs.*_chalf_*": (_COMPLEX32, True),
     },
+    "test_binary_ufuncs.py": {
+        # the OpInfo tests at complex32, and torch.complex of float16 parts (complex32)
+        "TestBinaryUfuncs.*_complex32": (_COMPLEX32, True),
+        "TestBinaryUfuncs.*_conversions_complex_float16": (_COMPLEX32, True),
+    },
     "test_tensor_creation_ops.py": {
         "TestTensorCreation.test_float_to_int_conversion_finite_*": (
             "casts float32's largest and smallest values to integers, which C++ leaves "
