@@ -159,22 +159,17 @@ ON_CPU = {name: helion.kernel(body, backend="pallas", autotune_effort="none",
 
 
 def _define(name):
-    """mylib-style operator `helion_test::<name>` whose CPU body is the plain PyTorch and
-    whose pjrt kernel is the Helion kernel (Pallas backend)."""
+    """Operator `helion_test::<name>`: its PyTorch body (CPU tensors) is the plain PyTorch,
+    its pjrt kernel the Helion kernel (Pallas backend)."""
     _, inputs, torch_fn = CASES[name]
-    n = len(inputs())
-    params = ", ".join(f"Tensor a{i}" for i in range(n))
-    lib_op = f"helion_test::{name}"
-    torch.library.define(lib_op, f"({params}) -> Tensor", lib=_LIB)
-    torch.library.impl(lib_op, "CPU", lib=_LIB)(lambda *a: torch_fn(*a).contiguous())
-    torch.library.register_fake(lib_op, lib=_LIB)(
-        lambda *a: torch.empty(torch_fn(*[t.to("meta") for t in a]).shape,
-                               dtype=a[0].dtype, device=a[0].device))
-    register_helion(lib_op, PALLAS[name])
-    return getattr(torch.ops.helion_test, name).default
+    params = ", ".join(f"Tensor a{i}" for i in range(len(inputs())))
+    op = torch.library.custom_op(f"helion_test::{name}", lambda *a: torch_fn(*a).clone(),
+                                 mutates_args=(), schema=f"({params}) -> Tensor")
+    op.register_fake(lambda *a: torch_fn(*a).new_empty(torch_fn(*a).shape))
+    register_helion(op, PALLAS[name])
+    return op
 
 
-_LIB = torch.library.Library("helion_test", "FRAGMENT")
 OPS = {name: _define(name) for name in CASES}
 
 
@@ -216,6 +211,15 @@ def test_pallas_backend_compiled_fullgraph(name):
     assert got.device.type == "pjrt"
     _on_device_only()
     _assert_close(got.cpu(), torch_fn(*[a * 2 for a in args]) + 1)
+
+
+def test_no_gradient_without_a_formula():
+    """JAX cannot differentiate Helion's Pallas kernels: register_helion installs no
+    jax.vjp backward, and the op's backward raises (custom_op's error) instead of a zero."""
+    x, y = (t.to("pjrt").requires_grad_() for t in CASES["add"][1]())
+    out = OPS["add"](x, y)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out.sum().backward()
 
 
 def test_a_kernel_of_another_backend_is_refused():

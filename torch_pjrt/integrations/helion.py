@@ -64,13 +64,16 @@ def jax_function(kernel: helion.Kernel) -> Callable[..., Any]:
     return traced
 
 
-def register_helion(op: Any, kernel: helion.Kernel, /, *,
-                    vjp_autograd: bool = True) -> Any:
+def register_helion(op: Any, kernel: helion.Kernel, /) -> Any:
     """Register the Helion kernel `kernel` (Pallas backend) as the pjrt kernel of `op`, an
     operator defined with `torch.library.custom_op` or `torch.library.define`, whose
     arguments the kernel takes in schema order. Returns the OpOverload (as `register_jax`,
-    whose rules it follows: fake, autograd, mutation)."""
-    return register_jax(op, jax_function(kernel), vjp_autograd=vjp_autograd)
+    whose rules it follows for the fake and for mutated arguments).
+
+    Gradients come only from the op's `register_autograd` formula: JAX cannot differentiate
+    Helion's Pallas kernels (`jax.vjp` of one fails in jax._src.hijax with "must override"),
+    so no `jax.vjp` backward is installed."""
+    return register_jax(op, jax_function(kernel), vjp_autograd=False)
 
 
 def _interpret_unless_mosaic(kernel: helion.Kernel) -> None:
