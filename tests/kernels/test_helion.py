@@ -252,6 +252,15 @@ def test_no_gradient_without_a_formula():
         out.sum().backward()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_64_bit_inputs_are_refused(dtype):
+    """Helion's Pallas kernels are 32-bit: a float64 block would loop forever in Pallas's
+    tiling, so register_helion refuses it (and int64) with the argument's name."""
+    x = torch.ones(64, 72, dtype=dtype, device="pjrt")
+    with pytest.raises(TypeError, match=f"argument 0, is {str(dtype)[6:]}"):
+        OPS["add"](x, x)
+
+
 def test_a_kernel_of_another_backend_is_refused():
     triton_kernel = helion.kernel(add, backend="triton")
     with pytest.raises(ValueError, match="'triton' backend; only backend='pallas'"):

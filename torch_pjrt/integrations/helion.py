@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import helion
+import numpy as np
 
 from ..kernels import register_jax
 from ..runtime import client
@@ -54,6 +55,7 @@ def jax_function(kernel: helion.Kernel) -> Callable[..., Any]:
             "(helion.kernel(backend='pallas'), or HELION_BACKEND=pallas)")
 
     def traced(*args: Any) -> Any:
+        _check_dtypes(kernel, args)
         _interpret_unless_mosaic(kernel)
         return kernel.jax_fn(*args)
 
@@ -84,6 +86,22 @@ def _interpret_unless_mosaic(kernel: helion.Kernel) -> None:
         return
     kernel.settings.pallas_interpret = True
     kernel.reset()
+
+
+def _check_dtypes(kernel: helion.Kernel, args: tuple[Any, ...]) -> None:
+    """Refuse 64-bit arrays, as Helion's own launcher refuses 64-bit tensors (its `jax_fn`
+    does not check): Helion traces its Pallas kernels with 32-bit JAX, and a float64 block
+    sends Pallas's tiling into a loop that never ends (its packing is 32 // 64 = 0)."""
+    for i, a in enumerate(args):
+        dtype = getattr(a, "dtype", None)
+        if dtype is not None and np.dtype(dtype) in _WIDE:
+            raise TypeError(
+                f"register_helion: Helion kernel {_name(kernel)!r}, argument {i}, is "
+                f"{np.dtype(dtype)}: Helion's Pallas kernels take 32-bit and narrower dtypes "
+                "(float32, bfloat16, float16, int32, int8, bool...); cast it first")
+
+
+_WIDE = frozenset(np.dtype(t) for t in ("float64", "int64", "uint64", "complex128"))
 
 
 def _name(kernel: helion.Kernel) -> str:
