@@ -50,8 +50,8 @@ def jax_function(kernel: helion.Kernel) -> Callable[..., Any]:
     backend = kernel.settings.backend
     if backend != "pallas":
         raise ValueError(
-            f"register_helion: Helion kernel {_name(kernel)!r} is compiled for Helion's "
-            f"{backend!r} backend; only backend='pallas' kernels have a JAX function "
+            f"torch_pjrt.integrations.helion: Helion kernel {kernel.name!r} is compiled for "
+            f"Helion's {backend!r} backend; only backend='pallas' kernels have a JAX function "
             "(helion.kernel(backend='pallas'), or HELION_BACKEND=pallas)")
 
     def traced(*args: Any) -> Any:
@@ -59,7 +59,7 @@ def jax_function(kernel: helion.Kernel) -> Callable[..., Any]:
         _interpret_unless_mosaic(kernel)
         return kernel.jax_fn(*args)
 
-    traced.__name__ = f"helion_{_name(kernel)}"
+    traced.__name__ = f"helion_{kernel.name}"
     # the compile cache hashes the file that defines the kernel's body (not this one), so
     # an edited Helion kernel never reuses a program compiled from its old code
     traced.__wrapped__ = kernel.fn
@@ -96,13 +96,9 @@ def _check_dtypes(kernel: helion.Kernel, args: tuple[Any, ...]) -> None:
         dtype = getattr(a, "dtype", None)
         if dtype is not None and np.dtype(dtype) in _WIDE:
             raise TypeError(
-                f"register_helion: Helion kernel {_name(kernel)!r}, argument {i}, is "
+                f"torch_pjrt.integrations.helion: Helion kernel {kernel.name!r}, argument {i}, is "
                 f"{np.dtype(dtype)}: Helion's Pallas kernels take 32-bit and narrower dtypes "
                 "(float32, bfloat16, float16, int32, int8, bool...); cast it first")
 
 
 _WIDE = frozenset(np.dtype(t) for t in ("float64", "int64", "uint64", "complex128"))
-
-
-def _name(kernel: helion.Kernel) -> str:
-    return kernel.name
