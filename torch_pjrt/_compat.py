@@ -68,3 +68,16 @@ def c10d_backend_not_recorded(name: str) -> None:
     self_recording = getattr(distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
     if self_recording is not None:
         self_recording.add(name)
+
+
+@functools.cache
+def repeat_interleave_refusal(dtype: torch.dtype) -> tuple[type, str] | None:
+    """The CPU kernel's refusal of `dtype` as `torch.repeat_interleave(repeats)`'s repeats
+    (its exception type and message), None where it takes it: torch 2.13 takes int32 and
+    int64 only, 2.14 every integer dtype (uint8, int8, int16 too). Asked of the CPU once per
+    dtype, on a one-element tensor."""
+    try:
+        torch.repeat_interleave(torch.ones(1, dtype=dtype))
+    except Exception as e:  # noqa: BLE001 - the CPU's own error, raised again on pjrt
+        return type(e), str(e)
+    return None

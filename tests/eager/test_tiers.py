@@ -260,6 +260,34 @@ def test_deterministic_algorithms_run_each_graph_as_its_program():
     assert "tiered_pieces" not in torch_pjrt.metrics()
 
 
+@pytest.mark.parametrize("how", ["tiering off", "deterministic"])
+def test_where_compiles_block_a_loop_keeps_its_step_programs(monkeypatch, how):
+    """Tiering off or deterministic algorithms: a loop's graph runs the programs compiled
+    at its first flush for good. No whole-graph program compiles later in the background,
+    so results never change with a compile's timing, and a warm-up (vLLM's worker)
+    compiles every program that serving then runs."""
+    expected = _generate(_weights("cpu"), 20)
+    w = _weights("pjrt")
+    torch.pjrt.synchronize()
+    if how == "tiering off":
+        monkeypatch.setattr(tiers, "enabled", False)
+    torch.use_deterministic_algorithms(how == "deterministic")
+    try:
+        graph.forget()
+        torch_pjrt.counters.reset()
+        first = _generate(w, 20).cpu()
+        compiles = torch_pjrt.metrics()["compiles"]
+        torch_pjrt.wait_for_compiles()
+        second = _generate(w, 20).cpu()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    m = torch_pjrt.metrics()
+    assert m["graph_loops"] == 1 and "tiered_pieces" not in m
+    assert torch.equal(first, expected) and torch.equal(second, first)
+    assert m["compiles"] == compiles and "graph_loops_unrolling" not in m
+    assert m.get("background_compiles_queued", 0) == 0
+
+
 def test_a_device_check_raises_at_the_same_read(monkeypatch):
     x = torch.randn(8, 4).to("pjrt")
     bad = torch.tensor([1, 9]).to("pjrt")

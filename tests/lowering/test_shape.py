@@ -1,5 +1,7 @@
 """Shape ops that move data (padding, scatters into slices, windows, *_copy), against CPU."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -237,6 +239,22 @@ def test_repeat_interleave_tensor(dynamic_kernels):
     with pytest.raises(RuntimeError, match="size"):
         torch.repeat_interleave(to_device(r), output_size=4).cpu()
     assert not fallbacks_of(["repeat_interleave"])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32,
+                                   torch.int64, torch.bool, torch.float32])
+def test_repeat_interleave_takes_the_repeats_dtypes_the_cpu_takes(dynamic_kernels, dtype):
+    """torch 2.13's CPU takes int32 and int64 repeats, 2.14's every integer dtype: pjrt
+    computes what this torch's CPU computes and refuses what it refuses, with its error."""
+    r = torch.tensor([2, 0, 3, 1]).to(dtype)
+    try:
+        torch.repeat_interleave(r)
+    except Exception as e:  # noqa: BLE001
+        with pytest.raises(type(e), match=re.escape(str(e))):
+            torch.repeat_interleave(to_device(r)).cpu()
+        return
+    compare(torch.repeat_interleave, r)
+    compare(lambda x, r: torch.repeat_interleave(x, r, dim=0), torch.randn(4, 2), r)
 
 
 def test_repeat_interleave_compiles_per_bucket(dynamic_kernels, monkeypatch):

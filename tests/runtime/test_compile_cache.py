@@ -17,6 +17,7 @@ try:
     raise SystemExit("no IndexError")
 except IndexError:
     pass
+torch_pjrt.wait_for_compiles()  # (at exit, queued background compiles are dropped, unstored)
 m = torch_pjrt.metrics()
 print("hits", m.get("disk_cache_hits", 0), "misses", m.get("disk_cache_misses", 0),
       "compiles", m.get("xla_compiles", 0),

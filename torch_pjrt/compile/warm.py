@@ -182,9 +182,11 @@ class _KeyParts:
     AOTAutogradCache's own pickler, which reduces graphs to their code, tensors to their
     metadata and sizes to their symbols)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs, aot_config) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, aot_config,
+                 more: tuple = ()) -> None:
         from . import buckets
 
+        self.more = more  # the key function's arguments after the config, where given
         self.gm = gm
         self.example_inputs = example_inputs
         self.aot_config = aot_config
@@ -224,15 +226,18 @@ def _constants_digest(gm: torch.fx.GraphModule) -> str:
     return h.hexdigest()
 
 
-def _key(mod, example_inputs, aot_config, compiler_config_extra=None) -> tuple[str, list]:
-    """Replaces AOTAutogradCache's key function while our backend compiles."""
+def _key(mod, example_inputs, aot_config, compiler_config_extra=None,
+         *more) -> tuple[str, list]:
+    """Replaces AOTAutogradCache's key function while our backend compiles. Arguments
+    later releases add (2.14: the activations' input paths) go into the key as they come:
+    a signature that refused them turned every lookup into a silent bypass."""
     from torch._functorch._aot_autograd import autograd_cache
 
     gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
     try:
         with autograd_cache.sanitize_gm_for_cache(gm):
             autograd_cache.check_cacheable(gm)  # only ops whose meaning the key captures
-            parts = _KeyParts(gm, example_inputs, aot_config)
+            parts = _KeyParts(gm, example_inputs, aot_config, more)
             key = "pjrt" + autograd_cache.AOTAutogradCachePickler(gm).get_hash(parts)
     except Exception:
         counters.count("aot_cache_bypasses")  # AOTAutograd compiles it, uncached

@@ -11,6 +11,8 @@ import warnings
 
 import torch
 
+from .. import _compat
+
 aten = torch.ops.aten
 
 
@@ -197,7 +199,10 @@ def bincount(x, weights=None, minlength=0):
 def repeat_interleave(repeats, *, output_size=None):
     """aten.repeat_interleave.Tensor: the output length is sum(repeats), read from the device
     unless the caller gives it."""
-    if repeats.dim() != 1 or repeats.dtype not in (torch.int32, torch.int64):
+    refused = _compat.repeat_interleave_refusal(repeats.dtype)
+    if refused is not None:
+        raise refused[0](refused[1])
+    if repeats.dim() != 1:
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
     if output_size is not None:
         return torch.ops.pjrt.repeat_interleave_padded(repeats, output_size, output_size)

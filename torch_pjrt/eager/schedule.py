@@ -92,7 +92,8 @@ class Schedule:
         whole = self.whole
         if whole is not None and whole.program.compiled is not None:
             return whole.run(inputs, dyn, device, nodes)
-        if self.unrolled is not None and tiers.enabled and all(
+        # (where compiles block, the pieces are the programs for good: see tiers.blocking)
+        if self.unrolled is not None and not tiers.blocking() and all(
                 p.program.compiled is not None for p in self.pieces):
             if whole is None:
                 self.whole = whole = _single(*self.unrolled, nodes)

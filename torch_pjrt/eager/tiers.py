@@ -46,6 +46,14 @@ def configure() -> None:
     enabled = _env.flag("TORCH_PJRT_TIERED")
 
 
+def blocking() -> bool:
+    """Whether a fused program compiles (or loads) where it is first wanted and its graph
+    runs it from then on, never op by op and never switching to another program later:
+    tiered execution off (TORCH_PJRT_TIERED=0), or deterministic algorithms (results that
+    do not depend on when a compile finished, to the last bit)."""
+    return not enabled or torch.are_deterministic_algorithms_enabled()
+
+
 def wait_for_compiles(timeout: float | None = None) -> bool:
     """Wait for the fused programs compiling in the background and take them into use, so
     that the next flushes run them (a benchmark's steady state starts here). False if
@@ -64,9 +72,7 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
     if prog.job is not None:  # compiling on a compile thread
         return False
     fused_args = [*[args[i] for i in piece.order], *dyn]
-    # (deterministic algorithms: one program, whenever it runs: results that do not depend
-    # on when a compile finished, to the last bit)
-    if not enabled or not piece.per_op or torch.are_deterministic_algorithms_enabled():
+    if blocking() or not piece.per_op:
         prog.compile_now(fused_args)  # (from the disk cache if it is there)
         return True
     if not prog.looked and prog.load(fused_args):

@@ -28,6 +28,11 @@ class PjrtWorker(Worker):
                  distributed_init_method: str, is_driver_worker: bool = False) -> None:
         _describe_job(vllm_config.parallel_config.world_size, rank, local_rank,
                       distributed_init_method)
+        # Serving runs the programs the warm-up compiled, so tiered execution (a first
+        # use runs op by op while its program compiles in the background) has nothing to
+        # save here; on, it left programs (a loop's whole step) to compile during serving
+        # (docs/serving.md). Read when the pjrt runtime starts, at the first device use.
+        os.environ.setdefault("TORCH_PJRT_TIERED", "0")
         super().__init__(vllm_config, local_rank, rank, distributed_init_method,
                          is_driver_worker=is_driver_worker)
         self.parallel_config.disable_custom_all_reduce = True
@@ -72,18 +77,17 @@ class PjrtWorker(Worker):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         """Runs one step of every token bucket (and the sampler), so that serving compiles
         nothing: the programs come from the compile cache on a warm start. Each step's
-        fused program is compiled (or loaded) here, not run op by op while it compiles in
-        the background (tiered execution, docs/compile-cost.md): a warm-up step runs once,
-        and its program would otherwise compile during serving."""
+        fused programs are compiled (or loaded) here, where tiered execution is off (as
+        the worker sets it): a warm-up step runs once, and with tiering on its programs
+        would compile during serving."""
         import torch_pjrt
         from torch_pjrt.eager import tiers
 
         start, before = time.perf_counter(), torch_pjrt.metrics().get("compiles", 0)
-        tiered, tiers.enabled = tiers.enabled, False
-        try:
-            self._warm_up_steps()
-        finally:
-            tiers.enabled = tiered
+        self._warm_up_steps()
+        if not tiers.blocking():
+            logger.warning("pjrt: tiered execution is on (TORCH_PJRT_TIERED): the warm-up "
+                           "steps ran op by op and their programs compile while serving")
         self.warmup_seconds = time.perf_counter() - start
         self.warmup_compiles = torch_pjrt.metrics().get("compiles", 0) - before
         logger.info("pjrt warm-up: %d step shapes, %d compiles, %.1f s", self.warmup_steps,
