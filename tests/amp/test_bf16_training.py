@@ -19,7 +19,11 @@ STEPS = 20
 # The largest per-step loss difference to float32 allowed (losses fall from 5.5 to ~3.3
 # over these steps), and of the mean over each 10 steps. Measured on 40 steps in fused
 # eager: bf16 autocast 0.015 / 0.002, bf16 parameters 0.024 / 0.007, fp16 0.005 / 0.001.
+# A step where the CPU's own low-precision run strays further (a batch whose loss spikes:
+# Python 3.12's standard library, the demo's text, has one at step 17, where the CPU's
+# bf16 autocast is 0.18 off float32) allows CPU_FACTOR times the CPU's own difference.
 TOLERANCE = {"step": 0.05, "window": 0.02}
+CPU_FACTOR = 2.0
 
 CFG = GPTConfig(**{**SIZES["tiny"].__dict__, "seq_len": 32})
 
@@ -51,11 +55,18 @@ def test_loss_curve_follows_float32(float32_curve, mode, precision, param_dtype)
     torch._dynamo.reset()
     losses = _losses("pjrt", mode, precision, param_dtype)
     assert losses[-1] < losses[0] - 1.0  # it trains
-    steps = [abs(a - b) for a, b in zip(losses, float32_curve)]
-    windows = [abs(sum(losses[i:i + 10]) - sum(float32_curve[i:i + 10])) / 10
-               for i in range(0, STEPS, 10)]
-    assert max(steps) < TOLERANCE["step"], steps
-    assert max(windows) < TOLERANCE["window"], windows
+    cpu = _losses("cpu", "eager", precision, param_dtype)  # the CPU's own low precision
+
+    def off(curve):  # per step, and the mean of each 10 steps, against float32
+        return ([abs(a - b) for a, b in zip(curve, float32_curve)],
+                [abs(sum(curve[i:i + 10]) - sum(float32_curve[i:i + 10])) / 10
+                 for i in range(0, STEPS, 10)])
+
+    (steps, windows), (cpu_steps, cpu_windows) = off(losses), off(cpu)
+    assert all(d < max(TOLERANCE["step"], CPU_FACTOR * c)
+               for d, c in zip(steps, cpu_steps)), (steps, cpu_steps)
+    assert all(d < max(TOLERANCE["window"], CPU_FACTOR * c)
+               for d, c in zip(windows, cpu_windows)), (windows, cpu_windows)
     assert max(steps) > 0  # the low precision is in effect
     assert not torch_pjrt.metrics()["cpu_fallbacks"]
 
