@@ -8,6 +8,8 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _fused_programs(monkeypatch):
+    import torch_pjrt
     from torch_pjrt.eager import tiers
 
+    torch_pjrt.ensure_initialized()  # (first in a process, it reads the settings anew)
     monkeypatch.setattr(tiers, "enabled", False)
