@@ -51,6 +51,9 @@ def run_all() -> dict:
     rank, n = dist.get_rank(), dist.get_world_size()
     path = f"/tmp/pjrt-dcp-{os.environ['MASTER_PORT']}"
     out: dict = {}
+    # bit for bit only where each graph runs one program whenever its compile finished
+    # (tiered execution switches programs mid-run otherwise: docs/compile-cost.md)
+    torch.use_deterministic_algorithms(True)
     try:
         with torch_pjrt.set_eager_mode("fused"):
             model, opt = _model(n)
