@@ -67,3 +67,35 @@ def test_device_only_skips_leave_the_rate():
     # skip for another reason (t3) and a failure (t4) stay in it
     assert s["counts"]["device-skip"] == 2 and s["counts"]["skipped"] == 1
     assert (s["passing"], s["cpu_pass"]) == (1, 3)
+
+
+NOISY = '''
+import sys, unittest
+import torch
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+class TestNoisy(TestCase):
+    def test_a_warns_a_lot(self, device):
+        for _ in range(4000):  # 400 KB, far past a pipe's 64 KB
+            sys.stderr.write("a warning a test's ops printed, 100 bytes of it" + "." * 50 + "\\n")
+
+    def test_b_after_it(self, device):
+        self.assertEqual(torch.ones(2, device=device).sum().item(), 2.0)
+
+
+instantiate_device_type_tests(TestNoisy, globals(), only_for="cpu")
+'''
+
+
+def test_a_worker_that_writes_much_to_stderr_is_not_blocked(tmp_path):
+    """A worker's stderr went to a pipe the runner read only at the end: past 64 KB of
+    warnings the worker blocked on a write, and the next test ran into its timeout."""
+    tool = _tool()
+    path = tmp_path / "test_noisy.py"
+    path.write_text(NOISY)
+    names = ["test_noisy.TestNoisyCPU.test_a_warns_a_lot_cpu",
+             "test_noisy.TestNoisyCPU.test_b_after_it_cpu"]
+    results = tool.run_tests(path, "cpu", names, timeout=60, max_rss_mb=4096, budget=120)
+    assert {t: o.outcome for t, o in results.items()} == dict.fromkeys(names, "passed")

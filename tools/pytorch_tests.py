@@ -16,6 +16,7 @@ their entry says so (a crash, a hang).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -273,11 +274,29 @@ def _worker_env(device: str) -> dict:
 
 
 def _spawn(file: Path, device: str, out: str, tests: str | None, listing: bool):
+    """The worker, its stderr going to a file (`_stderr_tail` reads it): a pipe read only
+    at the end filled up with the warnings of a few tests (64 KB), and the worker blocked
+    on its next write until the per-test timeout killed it: a hang the runner made."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--file", str(file),
            "--device", device, "--out", out]
     cmd += ["--list"] if listing else ["--tests", tests]
-    return subprocess.Popen(cmd, env=_worker_env(device), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True, cwd=str(file.parent))
+    with open(out + ".stderr", "wb") as err:
+        return subprocess.Popen(cmd, env=_worker_env(device), stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True, cwd=str(file.parent))
+
+
+def _stderr_tail(out: str) -> str:
+    """The last 64 KB of the worker's stderr (the file _spawn gave it), the file removed."""
+    path = out + ".stderr"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 65536))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _kill(proc) -> None:
@@ -292,13 +311,15 @@ def list_tests(file: Path, device: str, timeout: float) -> tuple[list[str], str]
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as f:
         proc = _spawn(file, device, f.name, None, listing=True)
         try:
-            _, err = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill(proc)
+            _stderr_tail(f.name)
             return [], "collection timed out"
+        err = _stderr_tail(f.name)
         tests = [json.loads(line)["test"] for line in open(f.name) if line.strip()]
         if proc.returncode != 0:
-            return tests, err.decode(errors="replace").strip().splitlines()[-1:][0] if err else ""
+            return tests, err.strip().splitlines()[-1:][0] if err.strip() else ""
         return tests, ""
 
 
@@ -358,7 +379,7 @@ def run_tests(file: Path, device: str, tests: list[str], timeout: float, max_rss
                     _kill(proc)
                     break
                 time.sleep(0.1)
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        err = _stderr_tail(out)
         os.unlink(lst.name)
         os.unlink(out)
         if ended_by is None and current is not None:
