@@ -44,9 +44,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "sync-bound, not wrong: assertIsOrdered reads one .item() per column (2,048 "
             "synchronizations, each waiting for its comparison program) and indexes the "
             "results element by element in Python (over 120 s)", False),
-        "TestSortAndSelect.test_isin_different_dtypes": (
-            "compile-bound, not wrong: isin over 64 dtype pairs, two sizes and both "
-            "assume_unique settings, each pair a new program (over 120 s)", False),
     },
     "test_type_promotion.py": {
         **{name: (_COMPLEX32, True)
@@ -128,10 +125,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "tensors, both keepdims, 5 interpolations and every dim, with out= (about 1,600 "
             "calls, most a new shape and so a new program: over 120 s, and over the 4 GB "
             "worker cap, where the CPU takes 2 s)", False),
-        "TestReductions.test_all_any_vs_numpy_*": (
-            "compile-bound, not wrong: all/any over random shapes of 0 to 4 dims, each with "
-            "every dim, keepdim, out= and transposed and strided copies (several hundred "
-            "programs, over 120 s; the CPU takes under 1 s)", False),
     },
     "test_indexing.py": {
         "NumpyTests.test_trivial_fancy_out_of_bounds": (
