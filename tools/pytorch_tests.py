@@ -88,7 +88,7 @@ SOURCES: dict[str, tuple[str, int, str]] = {
                               "16,000 characters a page)"),
     # the index's pytorch/pytorch copy is older (79,557 characters), cekkr/pytorch's is garbled
     # (stray `Tensor` words: it does not parse) and Ultron09/pytorch's newer one imports
-    # common_utils.HardwareClassification, which torch 2.13 lacks: upstream's of late 2025 as
+    # common_utils.HardwareClassification, which torch 2.13 lacks: upstream's as
     # the fork Lord-Melflam/pytorch carries it (its skip/xfail/skipOps imports: RENAMED)
     "test_ops.py": ("26f0db325cdb64dc0972ee2aa167df8fac18ffc7", 129253,
                     "the search tool's index of the fork Lord-Melflam/pytorch (read_file, "
