@@ -90,6 +90,13 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     # (stray `Tensor` words: it does not parse) and Ultron09/pytorch's newer one imports
     # common_utils.HardwareClassification, which torch 2.13 lacks: upstream's as
     # the fork Lord-Melflam/pytorch carries it (its skip/xfail/skipOps imports: RENAMED)
+    # an excerpt (the file is 565,198 characters, 36 pages, and imports test-directory helpers,
+    # autograd/test_complex.py... which the wheel lacks): its characters [0, 2650) (imports,
+    # graph_desc), [423070, 464096) (the class TestAutogradDeviceType, whole) and its
+    # instantiate_device_type_tests line with the __main__ block, from the fork maggiemoss/pytorch
+    "test_autograd.py": ("eb4247c60570b3bd9f6404efae673f748ea0a5ea", 43869,
+                         "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
+                         "characters a page): see the comment in SOURCES"),
     "test_ops.py": ("26f0db325cdb64dc0972ee2aa167df8fac18ffc7", 129253,
                     "the search tool's index of the fork Lord-Melflam/pytorch (read_file, "
                     "16,000 characters a page)"),
