@@ -97,6 +97,18 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     "test_autograd.py": ("eb4247c60570b3bd9f6404efae673f748ea0a5ea", 43869,
                          "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                          "characters a page): see the comment in SOURCES"),
+    # excerpts too (test_nn.py is 718,971 characters, test_torch.py 496,100; their device-generic
+    # classes alone are about 240,000 and 275,000): test_nn.py's characters [0, 3556) (imports)
+    # and [408803, 463973) (the test_affine helpers and the first 55,000 characters of
+    # TestNNDeviceType, cut at a method's end), test_torch.py's [0, 47787) (imports and the
+    # first 42,000 characters of TestTorchDeviceType, cut at a method's end), each with its
+    # instantiate_device_type_tests line
+    "test_nn.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 58896,
+                   "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
+                   "characters a page): see the comment in SOURCES"),
+    "test_torch.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 47851,
+                      "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
+                      "characters a page): see the comment in SOURCES"),
     "test_ops.py": ("26f0db325cdb64dc0972ee2aa167df8fac18ffc7", 129253,
                     "the search tool's index of the fork Lord-Melflam/pytorch (read_file, "
                     "16,000 characters a page)"),
@@ -564,7 +576,10 @@ def write_report(results: list[dict], known, path: Path, command: str) -> None:
               "next; or `git show COMMIT:test/FILE` in any clone that has the commit), write "
               "the pages end to end into DIR/FILE, and check its length against the table (the "
               "runner prints both). Helpers the files import that the wheel lacks go beside "
-              "them (none of the files above needs one). Then `TORCH_PJRT_PYTORCH_TESTS=DIR "
+              "them (none of the files above needs one: test_autograd.py's excerpt leaves out "
+              "the lines that import autograd/ helpers). The excerpts (test_autograd.py, "
+              "test_nn.py, test_torch.py) are the character ranges the comment on SOURCES in "
+              "tools/pytorch_tests.py names, joined in order. Then `TORCH_PJRT_PYTORCH_TESTS=DIR "
               "python -m pytest tests/test_pytorch_suites.py` runs CI's slice, and the command "
               "at the top the full run.", ""]
     lines += ["", "## Failures not in the known list, grouped by kind", ""]
