@@ -60,6 +60,7 @@ def install(native, flush) -> None:
     _native = native
     flush_pending = flush
     native.set_resize_callback(resize)
+    native.set_copy_callback(copy)
     # what torch.pjrt / torch.accelerator.get_device_capability() report
     device_module.set_supported_dtypes(dtypes.supported(client.platform()))
 
@@ -97,6 +98,23 @@ def resize(old_ptr: int, new_ptr: int, nbytes: int) -> None:
     rec.nbytes = nbytes
     rec.numel = nbytes // rec.dtype.itemsize
     _records[new_ptr] = rec
+
+
+def copy(dest_ptr: int, src_ptr: int, nbytes: int) -> None:
+    """Called by the native allocator when a copy-on-write storage (torch._lazy_clone) is
+    first written while shared: the fresh handle `dest_ptr` gets a copy of the buffer of
+    `src_ptr` on dest's device (a pending one runs first). A copy, not the same array: an
+    in-place op donates its input buffer, which would delete the other side's. A source
+    with no record was never written: the copy reads as zeros too."""
+    src = _records.get(src_ptr)
+    device = _native.device_from_ptr(dest_ptr)
+    memory.reserve(device, nbytes)
+    rec = _records[dest_ptr] = StorageRecord(
+        src.dtype if src is not None else np.dtype(np.uint8), nbytes, device)
+    if src is None or src.value is None:
+        return
+    value = jax.device_put(src.get(), client.device(device), may_alias=False)
+    rec.set(value)
 
 
 def _resized(flat, numel: int):
