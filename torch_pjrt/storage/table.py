@@ -125,11 +125,35 @@ def _resized(flat, numel: int):
     return jnp.concatenate([head, jnp.zeros((numel - keep,), flat.dtype)])
 
 
+_HANDLE_ALIGN = 256  # the native allocator's handles are multiples of it (shim.cpp's kAlign)
+
+
+def _inside(ptr: int) -> int | None:
+    """The handle of the storage whose bytes `ptr` points into, past its start (a byte
+    slice of it, UntypedStorage[start:stop]), or None."""
+    for handle, rec in _records.items():
+        if handle < ptr < handle + max(rec.nbytes, 1):
+            return handle
+    return None
+
+
 def record(storage: torch.UntypedStorage) -> StorageRecord:
     """The record of a pjrt storage (created for storages made outside torch_pjrt)."""
     ptr = storage.data_ptr()
     rec = _records.get(ptr)
     if rec is None:
+        # PyTorch slices a storage (UntypedStorage[start:stop], TypedStorage slices) into a
+        # new storage whose data pointer is the old one plus `start`: not a handle of its
+        # own. pjrt addresses buffers by handle, so such a slice has no buffer: refuse it
+        # rather than read zeros and drop writes.
+        if ptr % _HANDLE_ALIGN or _inside(ptr) is not None:
+            raise RuntimeError(
+                f"pjrt: a storage slice ({storage.nbytes()} bytes starting inside another "
+                "storage, as UntypedStorage[start:stop] makes) cannot be read or written on "
+                "pjrt, whose buffers belong to whole storages. Slice a tensor over the "
+                "storage instead (torch.tensor([], dtype=torch.uint8, device=s.device)"
+                ".set_(s)[start:stop]), or copy the storage to the CPU first "
+                "(s.cpu()[start:stop])")
         nbytes = storage.nbytes()
         device = storage.device.index or 0
         memory.reserve(device, nbytes)
