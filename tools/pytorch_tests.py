@@ -709,8 +709,9 @@ def run_files(args, known) -> list[dict]:
         if args.sample is not None:
             spec["sample"] = min(args.sample, spec.get("sample") or args.sample)
         if args.match:
-            spec["match"] = f"(?={spec['match']})(?=.*{args.match})" if spec.get("match") \
-                else args.match
+            # both must match somewhere in the id (the file's own pattern may be a suffix)
+            spec["match"] = f"^(?=.*(?:{spec['match']}))(?=.*(?:{args.match}))" \
+                if spec.get("match") else args.match
         try:
             r = run_file(path, spec, args, known)
         except Exception:  # a broken file must not end the run
