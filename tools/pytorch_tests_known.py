@@ -170,11 +170,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "expects IndexError at the indexing call itself: pjrt checks indices on the device "
             "and reports the error at the next synchronization (as CUDA's device assert, for "
             "which the test skips itself); debug eager mode raises at the op", True),
-        "TestIndexing.test_index_reduce_reduce_*": (
-            "compile-bound, not wrong: 96 index_reduce_ calls at random index lengths in three "
-            "layouts plus a per-row reference loop, each new shape a new XLA program (about "
-            "700 compiles, 208 s for the float32 prod case on a loaded 2-core machine, where "
-            "it passes; 0.5 s on the CPU)", False),
         "TestIndexing.test_index_put_accumulate_duplicate_indices": (
             "compile-bound, not wrong: 511 index lengths, each a new program for uniform_, "
             "cumsum, randn and index_put (over 120 s); the accumulation itself is in "

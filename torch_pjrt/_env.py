@@ -53,6 +53,11 @@ VARIABLES: tuple[EnvVar, ...] = (
            "of it (a decode or training loop with no sync inside) is cut where the step "
            "repeats, so that the step compiles once; 0: one program per graph "
            "(docs/compile-cost.md)."),
+    EnvVar("TORCH_PJRT_XLA_CPU_OPT_LEVEL", "2", "On the cpu platform, the LLVM optimization "
+           "level of every program XLA compiles (xla_backend_optimization_level) where no "
+           "quicker one is chosen: 2 compiles in a quarter of level 3's time (XLA's default; "
+           "threefry random bits, 606 ms to 142 ms) with no slower steps in the model zoo "
+           "(docs/compile-cost.md); 3 restores XLA's default."),
     EnvVar("TORCH_PJRT_QUICK_OPS", "1", "Fused eager on the cpu platform: 1: ops of a graph "
            "run one by one (TORCH_PJRT_TIERED) that have no program yet get one compiled "
            "quickly (LLVM unoptimized: 40% of the compile time; its results may differ from "

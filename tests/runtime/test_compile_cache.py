@@ -245,3 +245,50 @@ def test_an_edited_register_jax_kernel_gets_new_programs(tmp_path, monkeypatch):
     assert compile_cache.digest(("a program",), 0) != first
     monkeypatch.undo()
     compile_cache._prefix.cache_clear()  # the process's own kernels again
+
+
+VALUES = """
+import sys, torch, torch_pjrt
+torch_pjrt.set_eager_mode("{mode}")
+torch.manual_seed(0)
+x = torch.linspace(-6, 6, 4099).to("pjrt")
+y = torch.linspace(0.01, 9, 4099).to("pjrt")
+outs = [x.exp(), x.tanh(), torch.erf(x), x.sin(), x.sigmoid(), y.log(), y.rsqrt(),
+        y.pow(2.7), x.softmax(0), torch.nn.functional.gelu(x), (x * 3 + y).cumsum(0),
+        x.reshape(-1, 1)[:4096].reshape(64, 64) @ y[:4096].reshape(64, 64),
+        torch.rand(4099, device="pjrt"), torch.randn(4099, device="pjrt")]
+torch.save([o.cpu() for o in outs], sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_the_llvm_opt_level_changes_no_value_and_keys_the_cache(tmp_path, mode):
+    """XLA:CPU programs are compiled at LLVM level 2 (compile_cache.default_options), not
+    XLA's 3: the same bits, random numbers included, and a program built at one level is
+    never served to a process asking for the other."""
+    import torch
+
+    results = {}
+    for level in ("3", "2"):
+        env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path / "cache"),
+               "TORCH_PJRT_XLA_CPU_OPT_LEVEL": level}
+        out = subprocess.run([sys.executable, "-c", VALUES.format(mode=mode),
+                              str(tmp_path / f"{level}.pt")],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        results[level] = torch.load(tmp_path / f"{level}.pt")
+    for slow, quick in zip(results["3"], results["2"]):
+        assert torch.equal(slow, quick)
+    first = _run(tmp_path / "keyed", mode, {"TORCH_PJRT_XLA_CPU_OPT_LEVEL": "3"})
+    other = _run(tmp_path / "keyed", mode, {"TORCH_PJRT_XLA_CPU_OPT_LEVEL": "2"})
+    assert first["compiles"] > 0 and other["hits"] == 0 and other["compiles"] > 0
+
+
+def test_xla_cpu_programs_compile_at_llvm_level_2_by_default(monkeypatch):
+    from torch_pjrt.runtime import compile_cache
+
+    monkeypatch.delenv("TORCH_PJRT_XLA_CPU_OPT_LEVEL", raising=False)
+    assert compile_cache.default_options.__wrapped__() == {"xla_backend_optimization_level": 2}
+    assert compile_cache.platform_key()["opt_level"] == "2"
+    monkeypatch.setenv("TORCH_PJRT_XLA_CPU_OPT_LEVEL", "3")
+    assert compile_cache.default_options.__wrapped__() == {}

@@ -126,6 +126,7 @@ def platform_key(device_index: int = 0) -> dict[str, str]:
     parts["cpu_kernels"] = str(cpu_kernels.available())  # custom calls in the programs
     # lowerings that pick another formulation by a switch (convolutions as patches)
     parts["conv_patches"] = str(_env.flag("TORCH_PJRT_CONV_PATCHES"))
+    parts["opt_level"] = _env.get("TORCH_PJRT_XLA_CPU_OPT_LEVEL") or "2"  # default_options
     if d.platform == "cpu":  # XLA:CPU compiles for this processor's instruction set
         parts["host"] = _host_cpu()
     return parts
@@ -180,6 +181,23 @@ def quick_options() -> dict:
         return {}
     return _compat.xla_options({"xla_backend_optimization_level": 0,
                                 "xla_cpu_use_fusion_emitters": False})
+
+
+@functools.cache
+def default_options() -> dict:
+    """XLA options for every program compiled without quick_options: on XLA:CPU, LLVM at
+    TORCH_PJRT_XLA_CPU_OPT_LEVEL (2) instead of XLA's 3. Level 3 spends most of a small
+    program's compile in LLVM passes that make its code no faster here: threefry's random
+    bits compile in 142 ms instead of 606 ms and run as fast (16M uniforms: 262 ms against
+    278 ms), a PyTorch index_reduce test's 636 programs in 87 s instead of 224 s, and the
+    zoo's steps are no slower (docs/compile-cost.md). {} elsewhere (not measured there)."""
+    from .. import _compat
+    from . import client
+
+    level = _env.get("TORCH_PJRT_XLA_CPU_OPT_LEVEL") or "2"
+    if client.platform() != "cpu" or level == "3":
+        return {}
+    return _compat.xla_options({"xla_backend_optimization_level": int(level)})
 
 
 def _path(name: str) -> str:
@@ -307,6 +325,7 @@ def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
     if not build:
         return None
     lowered = jitted.lower(*args)
+    options = options if options is not None else default_options()
     compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     side = get_side() if get_side is not None else None
     nbytes = store(name, compiled, side)

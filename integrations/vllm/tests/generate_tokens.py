@@ -45,6 +45,8 @@ def run(model: str, smoke: bool, tp: int = 1) -> dict:
     out["batched"] = _tokens(llm.generate(prompts, greedy, use_tqdm=False))
     # programs run by the batched generate: one prefill step and MAX_TOKENS - 1 decode steps
     out["batched_flushes"] = (_counter("flushes") - flushes) if flushes is not None else None
+    # steps cut into pieces at their repeating layers (a program per layer): none wanted
+    out["graph_loops"] = _counter("graph_loops")
     if not smoke:
         # continuous batching: requests of other lengths finishing at other steps
         many = [prompts[i % 4] * (1 + i % 3) for i in range(12)]

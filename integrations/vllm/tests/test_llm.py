@@ -69,6 +69,7 @@ def test_greedy_equals_hf_single_and_batched(results):
 def test_no_compiles_after_warmup_and_one_program_a_step(results):
     assert results[1]["compiles_after_warmup"] == 0
     assert results[1]["batched_flushes"] == 16  # a prefill step and 15 decode steps
+    assert results[1]["graph_loops"] == 0  # each step one program, its layers not cut apart
 
 
 @pytest.mark.skipif(not FULL, reason="TORCH_PJRT_VLLM_FULL=1")

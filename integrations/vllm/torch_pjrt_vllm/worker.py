@@ -33,6 +33,10 @@ class PjrtWorker(Worker):
         # save here; on, it left programs (a loop's whole step) to compile during serving
         # (docs/serving.md). Read when the pjrt runtime starts, at the first device use.
         os.environ.setdefault("TORCH_PJRT_TIERED", "0")
+        # A step is one flush with no loop in it (the logits are read every step), but its
+        # decoder layers repeat: loop cutting (eager/loops.py) would run each layer as a
+        # program of its own, one launch per layer per step. One program per step instead.
+        os.environ.setdefault("TORCH_PJRT_FUSED_LOOPS", "0")
         super().__init__(vllm_config, local_rank, rank, distributed_init_method,
                          is_driver_worker=is_driver_worker)
         self.parallel_config.disable_custom_all_reduce = True
