@@ -101,13 +101,13 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     # excerpts too (test_nn.py is 718,971 characters, test_torch.py 496,100; their device-generic
     # classes alone are about 240,000 and 275,000): test_nn.py's characters [0, 3556) (imports)
     # and [408803, 463973) (the test_affine helpers and the first 55,000 characters of
-    # TestNNDeviceType, cut at a method's end), test_torch.py's [0, 47787) (imports and the
-    # first 42,000 characters of TestTorchDeviceType, cut at a method's end), each with its
-    # instantiate_device_type_tests line
+    # TestNNDeviceType, cut at a method's end), test_torch.py's [0, 60080) (imports and the
+    # first 54,000 characters of TestTorchDeviceType, cut before the nondeterministic-alert
+    # tests, whose helper comes later), each with its instantiate_device_type_tests line
     "test_nn.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 58896,
                    "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                    "characters a page): see the comment in SOURCES"),
-    "test_torch.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 47851,
+    "test_torch.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 60144,
                       "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                       "characters a page): see the comment in SOURCES"),
     "test_ops.py": ("26f0db325cdb64dc0972ee2aa167df8fac18ffc7", 129253,
