@@ -272,8 +272,14 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
             if structs is None:
                 structs = [_struct(m, bindings) for m in plan.out_metas]
             rng = jax.random.fold_in(key, plan.index) if plan.spec.lowering.random else None
+            contiguous = None
+            if plan.spec.lowering.wants_layout:  # the traced tensors' layouts
+                contiguous = tuple(a.meta["val"].is_contiguous() for a in node.args
+                                   if isinstance(a, torch.fx.Node)
+                                   and isinstance(a.meta.get("val"), torch.Tensor)) or None
             with checks.op_scope(str(plan.spec.op)):  # device-side errors name the node
-                arrays = iter(apply.invoke(plan.spec, values, plan.compute, structs, rng))
+                arrays = iter(apply.invoke(plan.spec, values, plan.compute, structs, rng,
+                                           contiguous))
             results = []
             for m, st in zip(plan.out_metas, structs):
                 if isinstance(m, (int, float, torch.SymInt, torch.SymFloat)):

@@ -87,11 +87,30 @@ def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memo
         stride = views.contiguous_strides(size)
     else:
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-    return table.empty_strided(size, stride, dtype, _index(device))
+    return _filled_if_deterministic(table.empty_strided(size, stride, dtype, _index(device)))
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return table.empty_strided(size, stride, dtype or torch.get_default_dtype(), _index(device))
+    return _filled_if_deterministic(
+        table.empty_strided(size, stride, dtype or torch.get_default_dtype(), _index(device)))
+
+
+def _filled_if_deterministic(t: torch.Tensor) -> torch.Tensor:
+    """torch.empty's memory under torch.use_deterministic_algorithms(True) with
+    torch.utils.deterministic.fill_uninitialized_memory (its default): NaN for floating and
+    complex dtypes, the largest value for integers, True for bool, as PyTorch's CPU and CUDA
+    fill it; otherwise pjrt's uninitialized memory reads as zeros."""
+    if not (torch.are_deterministic_algorithms_enabled()
+            and torch.utils.deterministic.fill_uninitialized_memory) or t.numel() == 0:
+        return t
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    if t.dtype == torch.uint64:  # 2^64 - 1: all bits set, as int64's -1
+        t.view(torch.int64).fill_(-1)
+        return t
+    return t.fill_(torch.iinfo(t.dtype).max)
 
 
 def _index(device) -> int:

@@ -128,8 +128,14 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
         if lowering.random:
             seed, offset = next(dyn_iter), next(dyn_iter)
             rng = jax.random.fold_in(jax.random.key(seed), offset)
+        contiguous = None
+        if lowering.wants_layout:  # each tensor argument's layout, from its key part
+            contiguous = tuple(views.is_contiguous(part[2], part[3])
+                               if part is not None and part[0] != "cpu0" else True
+                               for a, part in zip(spec.args, arg_parts)
+                               if a.kind in (TENSOR, OPT_TENSOR))
         with checks.CheckCollector() as collected:
-            results = apply.invoke(spec, values, compute, meta_structs, rng)
+            results = apply.invoke(spec, values, compute, meta_structs, rng, contiguous)
         entry.checks = collected.infos()
         entry.checked = entry.checks is not None
 

@@ -98,8 +98,11 @@ def flatten(result) -> list:
     return [result]
 
 
-def invoke(spec, values: list, compute: dict | None, meta_structs: list | None, key=None) -> list:
-    """Call spec.lowering on `values` (schema order; tensors as arrays) and flatten."""
+def invoke(spec, values: list, compute: dict | None, meta_structs: list | None, key=None,
+           contiguous: tuple | None = None) -> list:
+    """Call spec.lowering on `values` (schema order; tensors as arrays) and flatten.
+    `contiguous`: whether each tensor argument is contiguous in PyTorch's eyes, for a
+    lowering that asks (None where the caller cannot tell: the lowering assumes so)."""
     lowering = spec.lowering
     pos, kw = [], {}
     for a, v in zip(spec.args, values):
@@ -116,6 +119,8 @@ def invoke(spec, values: list, compute: dict | None, meta_structs: list | None, 
         kw["key"] = key
     if lowering.wants_meta:
         kw["meta"] = meta_structs
+    if lowering.wants_layout:
+        kw["contiguous"] = contiguous
     return flatten(lowering.fn(*pos, **kw))
 
 

@@ -34,6 +34,9 @@ class Lowering:
     eager: bool = True  # False: only compiled graphs use it (views are metadata in eager)
     dynamic: frozenset[str] = frozenset()  # float/int args passed at run time, like Scalars
     products: bool = False  # fn computes matrix products (runtime/cpu_kernels.py looks at those)
+    # fn takes contiguous= (for each tensor argument in schema order, whether PyTorch sees it
+    # contiguous: the few ops whose results PyTorch defines by the input's strides)
+    wants_layout: bool = False
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
@@ -60,7 +63,8 @@ def lower(
         raise ValueError(f"lower: unknown promotion {promote!r}; accepted: {PROMOTIONS}")
 
     def register(fn: Callable) -> Callable:
-        wants_meta = "meta" in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
+        wants_meta, wants_layout = "meta" in params, "contiguous" in params
         for op in ops:
             if not isinstance(op, OpOverload):
                 raise TypeError(f"lower: {op!r} is not an OpOverload (name the overload, "
@@ -71,6 +75,7 @@ def lower(
             _TABLE[op] = Lowering(
                 op, fn, promote, tuple(operands) if operands is not None else None,
                 frozenset(static), random, wants_meta, eager, frozenset(dynamic), products,
+                wants_layout,
             )
         return fn
 

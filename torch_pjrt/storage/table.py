@@ -60,6 +60,7 @@ def install(native, flush) -> None:
     _native = native
     flush_pending = flush
     native.set_resize_callback(resize)
+    native.set_copy_callback(copy)
     # what torch.pjrt / torch.accelerator.get_device_capability() report
     device_module.set_supported_dtypes(dtypes.supported(client.platform()))
 
@@ -99,6 +100,23 @@ def resize(old_ptr: int, new_ptr: int, nbytes: int) -> None:
     _records[new_ptr] = rec
 
 
+def copy(dest_ptr: int, src_ptr: int, nbytes: int) -> None:
+    """Called by the native allocator when a copy-on-write storage (torch._lazy_clone) is
+    first written while shared: the fresh handle `dest_ptr` gets a copy of the buffer of
+    `src_ptr` on dest's device (a pending one runs first). A copy, not the same array: an
+    in-place op donates its input buffer, which would delete the other side's. A source
+    with no record was never written: the copy reads as zeros too."""
+    src = _records.get(src_ptr)
+    device = _native.device_from_ptr(dest_ptr)
+    memory.reserve(device, nbytes)
+    rec = _records[dest_ptr] = StorageRecord(
+        src.dtype if src is not None else np.dtype(np.uint8), nbytes, device)
+    if src is None or src.value is None:
+        return
+    value = jax.device_put(src.get(), client.device(device), may_alias=False)
+    rec.set(value)
+
+
 def _resized(flat, numel: int):
     keep = min(flat.shape[0], numel)
     head = flat[:keep]
@@ -107,11 +125,35 @@ def _resized(flat, numel: int):
     return jnp.concatenate([head, jnp.zeros((numel - keep,), flat.dtype)])
 
 
+_HANDLE_ALIGN = 256  # the native allocator's handles are multiples of it (shim.cpp's kAlign)
+
+
+def _inside(ptr: int) -> int | None:
+    """The handle of the storage whose bytes `ptr` points into, past its start (a byte
+    slice of it, UntypedStorage[start:stop]), or None."""
+    for handle, rec in _records.items():
+        if handle < ptr < handle + max(rec.nbytes, 1):
+            return handle
+    return None
+
+
 def record(storage: torch.UntypedStorage) -> StorageRecord:
     """The record of a pjrt storage (created for storages made outside torch_pjrt)."""
     ptr = storage.data_ptr()
     rec = _records.get(ptr)
     if rec is None:
+        # PyTorch slices a storage (UntypedStorage[start:stop], TypedStorage slices) into a
+        # new storage whose data pointer is the old one plus `start`: not a handle of its
+        # own. pjrt addresses buffers by handle, so such a slice has no buffer: refuse it
+        # rather than read zeros and drop writes.
+        if ptr % _HANDLE_ALIGN or _inside(ptr) is not None:
+            raise RuntimeError(
+                f"pjrt: a storage slice ({storage.nbytes()} bytes starting inside another "
+                "storage, as UntypedStorage[start:stop] makes) cannot be read or written on "
+                "pjrt, whose buffers belong to whole storages. Slice a tensor over the "
+                "storage instead (torch.tensor([], dtype=torch.uint8, device=s.device)"
+                ".set_(s)[start:stop]), or copy the storage to the CPU first "
+                "(s.cpu()[start:stop])")
         nbytes = storage.nbytes()
         device = storage.device.index or 0
         memory.reserve(device, nbytes)

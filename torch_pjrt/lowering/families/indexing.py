@@ -158,6 +158,8 @@ def gather(x, dim, index, *, sparse_grad=False):
     if x.ndim == 0:
         _check_gather_index(index.astype(jnp.int64), 1, 0)
         return x.reshape(index.shape)
+    if index.ndim == 0:  # PyTorch counts a 0-d index as 1-d (a 1-d self): a 0-d result
+        return gather(x, dim, index.reshape(1)).reshape(())
     dim = dim % x.ndim
     i = _check_gather_index(index.astype(jnp.int64), x.shape[dim], dim)
     return x[_along(i, x.shape, dim)]
@@ -171,6 +173,9 @@ def _scatter(x, dim, index, src, mode):
         src = jnp.broadcast_to(src, index.shape).reshape(-1)[:1].reshape(())
         return {"set": src, "add": x + src, "multiply": x * src, "amax": jnp.maximum(x, src),
                 "amin": jnp.minimum(x, src)}[mode]
+    if index.ndim == 0:  # as gather: a 0-d index counts as 1-d
+        index = index.reshape(1)
+        src = src if jnp.ndim(src) == 0 else src.reshape(-1)[:1]
     dim = dim % x.ndim
     i = _check_gather_index(index.astype(jnp.int64), x.shape[dim], dim)
     src = jnp.broadcast_to(src, index.shape) if jnp.ndim(src) == 0 else \

@@ -7,9 +7,8 @@ device-side check (reported at the next synchronization).
 
 PyTorch factors A^T instead of A for a real contiguous A in `_linalg_det` and
 `_linalg_slogdet` (the returned LU and pivots are those of A^T; `_linalg_solve_ex`
-factors A itself), and its backward formulas decide the same way from A's strides. A
-lowering sees the values of A but not its strides, so it assumes the common
-case, a contiguous A.
+factors A itself), and its backward formulas decide the same way from A's strides: these
+lowerings take `contiguous=` (A's layout as PyTorch sees it) and decide as it does.
 """
 
 from __future__ import annotations
@@ -307,9 +306,15 @@ def _perm_sign(pivots):
     return 1 - 2 * (swaps % 2)
 
 
+def _factors_a_t(a, contiguous) -> bool:
+    """PyTorch's choice in det/slogdet and their backward: LU of A^T for a real A that is
+    contiguous (a caller that cannot tell the layout passes None: contiguous assumed)."""
+    return not is_complex(a) and (contiguous is None or bool(contiguous[0]))
+
+
 @lower(aten._linalg_det.default)
-def linalg_det(a):
-    use_a_t = not is_complex(a)
+def linalg_det(a, *, contiguous=None):
+    use_a_t = _factors_a_t(a, contiguous)
     lu, pivots, _, _ = _lu(_mT(a) if use_a_t else a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     det = jnp.prod(diag, axis=-1) * _perm_sign(pivots).astype(a.dtype)
@@ -317,8 +322,8 @@ def linalg_det(a):
 
 
 @lower(aten._linalg_slogdet.default)
-def linalg_slogdet(a):
-    use_a_t = not is_complex(a)
+def linalg_slogdet(a, *, contiguous=None):
+    use_a_t = _factors_a_t(a, contiguous)
     lu, pivots, _, _ = _lu(_mT(a) if use_a_t else a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     absdiag = jnp.abs(diag)

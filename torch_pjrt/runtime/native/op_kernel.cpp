@@ -11,6 +11,7 @@
 #include <structmember.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/COW.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -22,6 +23,7 @@
 #include <torch/library.h>
 
 #include <map>
+#include <utility>
 #include <memory>
 #include <tuple>
 #include <vector>
@@ -204,6 +206,12 @@ struct KeyBuilder {
   bool tensor(const at::Tensor& t, bool written = false) {
     if (!t.defined() || t.device().type() != kPjrt || !t.has_storage() || t.is_sparse())
       return false;
+    // A copy-on-write storage (torch._lazy_clone) gets its own handle and buffer at its
+    // first use, as the Python path's data_ptr() gives it: until then its buffer is the
+    // source's, and a write through the shared handle would reach both tensors.
+    const c10::Storage& storage = t.storage();
+    if (c10::impl::cow::is_cow_data_ptr(std::as_const(*storage.unsafeGetStorageImpl()).data_ptr()))
+      storage.mutable_data();  // PyTorch's materialization: the allocator's copy_data
     uintptr_t ptr = reinterpret_cast<uintptr_t>(t.storage().data());
     size_t idx = 0;
     while (idx < ptrs.size() && ptrs[idx] != ptr) ++idx;

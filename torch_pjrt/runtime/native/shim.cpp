@@ -60,6 +60,9 @@ py::object* known_count_callback = nullptr;  // known_count() -> int | None (sta
 // script. -1: none given.
 std::atomic<int> predicted_count{-1};
 py::object* resize_callback = nullptr;  // resize(old_ptr, new_ptr, nbytes) -> None
+// copy(dest_ptr, src_ptr, nbytes) -> None: a copy-on-write storage (torch._lazy_clone) is
+// written, and its shared buffer is copied to the fresh handle the allocator gave it.
+py::object* copy_callback = nullptr;
 // torch_pjrt.runtime.memory: the memory account behind the allocator's statistics
 // (stats, reset_peak, reset_accumulated, empty_cache, memory_info).
 py::object* memory_account = nullptr;
@@ -224,8 +227,14 @@ struct PjrtAllocator final : c10::DeviceAllocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
-  void copy_data(void*, const void*, std::size_t) const override {
-    TORCH_CHECK(false, "pjrt: device memory cannot be copied by the host allocator");
+  // Allocator::clone's copy, which only a copy-on-write storage's first write calls
+  // (torch._lazy_clone shares a storage until one side writes): the Python table gives the
+  // fresh handle `dest` a copy of the buffer of `src` (storage/table.py's copy).
+  void copy_data(void* dest, const void* src, std::size_t nbytes) const override {
+    TORCH_CHECK(copy_callback != nullptr, "pjrt: a storage copy before PJRT started");
+    py::gil_scoped_acquire gil;
+    (*copy_callback)(reinterpret_cast<uintptr_t>(dest), reinterpret_cast<uintptr_t>(src),
+                     nbytes);
   }
 
   bool initialized() override { return started.load(); }
@@ -685,6 +694,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_free_callback", [](py::object fn) { free_callback = new py::object(std::move(fn)); });
   m.def("set_resize_callback",
         [](py::object fn) { resize_callback = new py::object(std::move(fn)); });
+  m.def("set_copy_callback",
+        [](py::object fn) { copy_callback = new py::object(std::move(fn)); });
   m.def("philox_next", &philox_next);
   m.def("register_metadata_ops", &register_metadata_ops);
   m.def("default_generator", [](int i) { return default_generators().at(check_index(c10::DeviceIndex(i))); });

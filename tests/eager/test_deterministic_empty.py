@@ -1,0 +1,42 @@
+"""torch.empty and friends under torch.use_deterministic_algorithms(True) with
+torch.utils.deterministic.fill_uninitialized_memory: NaN for floating and complex dtypes,
+the largest value for integers, True for bool, as on the CPU (pjrt's uninitialized memory
+otherwise reads as zeros)."""
+
+import pytest
+import torch
+from helpers import assert_same
+from torch.testing._internal.common_utils import DeterministicGuard
+
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.int8,
+          torch.int32, torch.int64, torch.uint8, torch.uint32, torch.uint64, torch.bool)
+
+FACTORIES = {
+    "empty": lambda d, t: torch.empty(4, 3, device=d, dtype=t),
+    "empty_like": lambda d, t: torch.empty_like(torch.zeros(4, 3, device=d, dtype=t)),
+    "empty_strided": lambda d, t: torch.empty_strided((4, 3), (1, 4), device=d, dtype=t),
+    "empty_permuted": lambda d, t: torch.empty_permuted((2, 3, 4), (1, 0, 2), device=d,
+                                                        dtype=t),
+    "new_empty": lambda d, t: torch.zeros(1, device=d, dtype=t).new_empty((5,)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_filled_as_on_cpu(name, dtype):
+    with DeterministicGuard(True, fill_uninitialized_memory=True):
+        expected = FACTORIES[name]("cpu", dtype)
+        actual = FACTORIES[name]("pjrt", dtype)
+    if dtype.is_floating_point or dtype.is_complex:  # NaN != NaN: compare where it is
+        assert_same(torch.isnan(actual), torch.isnan(expected))
+        assert bool(torch.isnan(expected).all())
+    else:
+        assert_same(actual, expected)
+
+
+def test_not_filled_without_the_flag():
+    with DeterministicGuard(True, fill_uninitialized_memory=False):
+        t = torch.empty(3, device="pjrt")
+    assert not bool(torch.isnan(t).any())
