@@ -40,3 +40,21 @@ def test_not_filled_without_the_flag():
     with DeterministicGuard(True, fill_uninitialized_memory=False):
         t = torch.empty(3, device="pjrt")
     assert not bool(torch.isnan(t).any())
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.int64, torch.bool), ids=str)
+def test_resize_fills_the_new_elements_as_on_cpu(dtype):
+    """resize_ past the storage: the old elements kept, the new ones filled as the CPU's
+    deterministic resize_ fills them."""
+    results = {}
+    for device in ("cpu", "pjrt"):
+        with DeterministicGuard(True, fill_uninitialized_memory=True):
+            t = torch.arange(6, device=device).to(dtype)
+            t.resize_(3, 4)
+            results[device] = t
+    actual, expected = results["pjrt"], results["cpu"]
+    if dtype.is_floating_point:
+        assert_same(torch.isnan(actual), torch.isnan(expected))
+        assert_same(actual.flatten()[:6], expected.flatten()[:6])
+    else:
+        assert_same(actual, expected)

@@ -206,7 +206,10 @@ def _resize_(self: torch.Tensor, size, memory_format=None):
     storage = self.untyped_storage()
     if needed * self.element_size() > storage.nbytes():
         rec = table.record(storage)
-        grown = table.empty_strided((needed,), (1,), self.dtype, rec.device)
+        # the bytes past the old storage: NaN / the largest value under deterministic
+        # algorithms, as the CPU's resize_ fills them (the head is copied over below)
+        grown = _filled_if_deterministic(
+            table.empty_strided((needed,), (1,), self.dtype, rec.device))
         old = self.as_strided((storage.nbytes() // self.element_size(),), (1,), 0)
         grown[: old.numel()].copy_(old)
         aten.set_.source_Storage_storage_offset.redispatch(
