@@ -111,3 +111,17 @@ def test_errors_still_raise_at_the_op(mode):
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         a + c
     torch.testing.assert_close((c + c).cpu(), c.cpu() * 2)
+
+
+def test_python_ints_past_int64_meet_uint64_tensors(mode):
+    """A Python int in uint64's upper half (2**64 - 1) is a run-time value JAX parses as
+    int64: it overflowed (OverflowError where the CPU computes). Three calls each, so the
+    second and third take the cached (native) path."""
+    cpu = torch.full((4,), 2 ** 64 - 1, dtype=torch.uint64)
+    cpu[1] = 5
+    for _ in range(3):
+        t = cpu.to("pjrt")
+        assert torch.equal((t == 5).cpu(), cpu == 5)  # a small int first: the same op
+        assert torch.equal((t == 2 ** 64 - 1).cpu(), cpu == 2 ** 64 - 1)
+        assert torch.equal(t.ne(2 ** 63).cpu(), cpu.ne(2 ** 63))
+        assert torch.equal((t.float() < 2 ** 64 - 1).cpu(), cpu.float() < 2 ** 64 - 1)

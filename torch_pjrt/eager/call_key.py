@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import runtime
@@ -28,6 +29,7 @@ from .opspec import (
     TENSOR_LIST,
     OpSpec,
 )
+from .scalars import INT64_MAX
 
 _records = table._records
 DYNAMIC = "dyn"  # in a tensor part's offset place: the offset is a run-time value
@@ -124,6 +126,8 @@ def key_of(call: Call) -> tuple:
             if a.name in spec.static_scalars or (v == a.default and type(v) is type(a.default)):
                 parts.append(("s", v))
             else:
+                if type(v) is int and v > INT64_MAX:  # uint64's upper half: JAX parses a
+                    v = np.uint64(v)  # Python int as int64 and overflows
                 dyn.append(v)
                 parts.append(type(v))
         elif kind == OPT_TENSOR:

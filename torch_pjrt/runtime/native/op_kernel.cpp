@@ -330,6 +330,11 @@ struct KeyBuilder {
 
   // A Scalar argument: the default by value, else a run-time number by type.
   bool scalar(PyObject* v, PyObject* d) {
+    if (PyLong_CheckExact(v)) {  // past int64 (uint64's upper half): call_key types it
+      int overflow = 0;          // np.uint64, a key of its own; left to the Python path
+      PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow) return false;
+    }
     int eq = Py_TYPE(v) == Py_TYPE(d) ? PyObject_RichCompareBool(v, d, Py_EQ) : 0;
     if (eq < 0) return false;
     if (eq) return PyList_Append(extras, v) == 0;
