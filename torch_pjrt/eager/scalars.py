@@ -6,13 +6,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..runtime import client
 
 _scalars: dict[tuple, Any] = {}
 _PY_SCALARS = (float, int, bool, complex)
-INT64_MAX = 2 ** 63 - 1
+INT64_MAX = 2 ** 63 - 1  # past it, an int run-time value is np.uint64 (eager/call_key.py)
 
 
 def device_scalar(v, device: int):
@@ -20,8 +19,6 @@ def device_scalar(v, device: int):
     number itself makes every launch convert and copy it to the device."""
     if type(v) not in _PY_SCALARS:
         return v
-    if type(v) is int and v > INT64_MAX:  # uint64's upper half: JAX parses an int as int64
-        v = np.uint64(v)
     key = (type(v), v, device) if v == v and v != 0 else (type(v), repr(v), device)
     arr = _scalars.get(key)
     if arr is None:

@@ -126,7 +126,7 @@ def platform_key(device_index: int = 0) -> dict[str, str]:
     parts["cpu_kernels"] = str(cpu_kernels.available())  # custom calls in the programs
     # lowerings that pick another formulation by a switch (convolutions as patches)
     parts["conv_patches"] = str(_env.flag("TORCH_PJRT_CONV_PATCHES"))
-    parts["opt_level"] = _env.get("TORCH_PJRT_XLA_CPU_OPT_LEVEL") or "2"  # default_options
+    parts["opt_level"] = _opt_level()  # default_options
     if d.platform == "cpu":  # XLA:CPU compiles for this processor's instruction set
         parts["host"] = _host_cpu()
     return parts
@@ -183,6 +183,10 @@ def quick_options() -> dict:
                                 "xla_cpu_use_fusion_emitters": False})
 
 
+def _opt_level() -> str:
+    return _env.get("TORCH_PJRT_XLA_CPU_OPT_LEVEL") or "2"
+
+
 @functools.cache
 def default_options() -> dict:
     """XLA options for every program compiled without quick_options: on XLA:CPU, LLVM at
@@ -194,7 +198,7 @@ def default_options() -> dict:
     from .. import _compat
     from . import client
 
-    level = _env.get("TORCH_PJRT_XLA_CPU_OPT_LEVEL") or "2"
+    level = _opt_level()
     if client.platform() != "cpu" or level == "3":
         return {}
     return _compat.xla_options({"xla_backend_optimization_level": int(level)})
