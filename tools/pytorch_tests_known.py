@@ -139,14 +139,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "(torch.pjrt.FloatStorage for pjrt, as torch.cuda.FloatStorage for CUDA), and "
             "pjrt defines no legacy typed-storage classes (TypedStorage is deprecated): "
             "storage_type() returns None, as on any PrivateUse1 device without them", True),
-        **{f"TestTorchDeviceType.test_storage_{dtype}": (
-            "reads elements through byte slices of the storage (UntypedStorage[start:stop], "
-            "a storage whose data pointer lies inside another's): pjrt's buffers belong to "
-            "whole storages, so a slice starting inside one has none and pjrt raises its "
-            "'storage slice' error (it read zeros before); element access by index "
-            "(storage()[i]) and slices at the start match the CPU", True)
-           for dtype in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                         "uint32", "uint64", "float32", "float64", "complex64", "complex128")},
     },
     "test_autograd.py": {
         "TestAutogradDeviceType.test_sparse_*": (

@@ -70,6 +70,8 @@ class Call:
                 rec = self._other_tensor(t)
                 if rec is None:
                     return ("cpu0", t.dtype)
+                if written and type(rec) is table.SliceRecord:
+                    raise RuntimeError(f"{table.SLICE_WRITE} (in {self.spec.op})")
             if self.device is None:
                 self.device = rec.device
             elif rec.device != self.device:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..runtime import client, device_module, memory
-from . import dtypes
+from . import dtypes, views
 
 
 class StorageRecord:
@@ -137,6 +137,44 @@ def _inside(ptr: int) -> int | None:
     return None
 
 
+class SliceRecord(StorageRecord):
+    """A byte slice of another storage (UntypedStorage[start:stop] makes a storage whose
+    data pointer is the other's plus `start`). It has no buffer of its own: it reads the
+    bytes of its parent's, so it sees every write to the parent. Writing through it is
+    refused (call_key): the write would have to land in the parent's buffer."""
+
+    __slots__ = ("parent", "start")
+
+    def __init__(self, parent: StorageRecord, start: int, nbytes: int):
+        self.parent = parent
+        self.start = start
+        self.dtype = np.dtype(np.uint8)
+        self.nbytes = self.numel = nbytes
+        self.device = parent.device
+
+    @property
+    def value(self):
+        parent = self.parent
+        if parent.value is None:
+            return None  # the parent was never written: reads as zeros
+        flat = views._to_bytes(parent.get())
+        return flat[self.start:self.start + self.nbytes]
+
+    @value.setter
+    def value(self, value) -> None:
+        raise RuntimeError(SLICE_WRITE)
+
+    def set(self, value) -> None:
+        raise RuntimeError(SLICE_WRITE)
+
+
+SLICE_WRITE = (
+    "pjrt: writing through a storage slice (a storage starting inside another, as "
+    "UntypedStorage[start:stop] makes) is not supported: pjrt's buffers belong to whole "
+    "storages, and slices read them. Write through a tensor over the whole storage instead "
+    "(torch.tensor([], dtype=torch.uint8, device=s.device).set_(s)[start:stop])")
+
+
 def record(storage: torch.UntypedStorage) -> StorageRecord:
     """The record of a pjrt storage (created for storages made outside torch_pjrt)."""
     ptr = storage.data_ptr()
@@ -144,16 +182,14 @@ def record(storage: torch.UntypedStorage) -> StorageRecord:
     if rec is None:
         # PyTorch slices a storage (UntypedStorage[start:stop], TypedStorage slices) into a
         # new storage whose data pointer is the old one plus `start`: not a handle of its
-        # own. pjrt addresses buffers by handle, so such a slice has no buffer: refuse it
-        # rather than read zeros and drop writes.
-        if ptr % _HANDLE_ALIGN or _inside(ptr) is not None:
+        # own. Its bytes are the old storage's, read through a SliceRecord.
+        parent = _inside(ptr)
+        if parent is not None:
+            return SliceRecord(_records[parent], ptr - parent, storage.nbytes())
+        if ptr % _HANDLE_ALIGN:
             raise RuntimeError(
-                f"pjrt: a storage slice ({storage.nbytes()} bytes starting inside another "
-                "storage, as UntypedStorage[start:stop] makes) cannot be read or written on "
-                "pjrt, whose buffers belong to whole storages. Slice a tensor over the "
-                "storage instead (torch.tensor([], dtype=torch.uint8, device=s.device)"
-                ".set_(s)[start:stop]), or copy the storage to the CPU first "
-                "(s.cpu()[start:stop])")
+                f"pjrt: a storage of {storage.nbytes()} bytes whose data pointer lies inside "
+                "no live pjrt storage: its bytes are unknown")
         nbytes = storage.nbytes()
         device = storage.device.index or 0
         memory.reserve(device, nbytes)
