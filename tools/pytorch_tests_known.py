@@ -146,14 +146,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "test_ops.py": {
         "TestCommon.*_chalf_*": (_COMPLEX32, True),
-        "TestCompositeCompliance.test_cow_input_*": (
-            "copy timing, not values: pjrt gives a lazy clone (torch._lazy_clone, a "
-            "copy-on-write storage) its own buffer at its first use by any op, where the "
-            "CPU waits for its first write; pjrt finds a storage's buffer through its data "
-            "pointer, which PyTorch's UntypedStorage.data_ptr() hands out as a mutable "
-            "access, so every use materializes, and a write can never reach the other side "
-            "(tests/storage/test_lazy_clone.py checks the values in every mode). The test "
-            "asserts that the inputs stay copy-on-write", True),
     },
     "test_indexing.py": {
         "NumpyTests.test_trivial_fancy_out_of_bounds": (

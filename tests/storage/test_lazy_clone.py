@@ -1,7 +1,7 @@
 """torch._lazy_clone (copy-on-write storages, which PyTorch's own COW tests and some
 decompositions use) on pjrt: each side sees its own values after either side writes, as on
-the CPU. pjrt copies the shared buffer at the first access through the storage's data
-pointer (PyTorch's data_ptr() is a mutable access), not at the first write."""
+the CPU. As on the CPU, reads go through the shared buffer and only the first write copies
+it (PyTorch's test_cow_input checks that an op reading a lazy clone leaves it unmaterialized)."""
 
 import pytest
 import torch
@@ -43,9 +43,33 @@ def test_write_after_the_other_side_died():
     assert_same(b, torch.arange(6.0) + 1)
 
 
+READS = {
+    "mul": lambda t: t * 2,
+    "sum": lambda t: t.sum(),
+    "index_select": lambda t: t.index_select(0, torch.tensor([1, 3], device=t.device)),
+    "view_neg": lambda t: t.view(2, 3).neg(),
+    "add_into_other": lambda t: torch.zeros(6, device=t.device).add_(t),
+    "cpu": lambda t: t.cpu(),
+}
+
+
+@pytest.mark.parametrize("name", list(READS))
+def test_a_read_leaves_both_sides_lazy(name):
+    outs = {}
+    for device in ("cpu", "pjrt"):
+        a, b = _lazy_pair(device)
+        outs[device] = READS[name](b)
+        assert torch._C._is_cow_tensor(b), (device, name)
+        assert torch._C._is_cow_tensor(a), (device, name)
+    if name == "cpu":
+        assert torch.equal(outs["pjrt"], outs["cpu"])
+    else:
+        assert_same(outs["pjrt"], outs["cpu"])
+
+
 def test_read_then_write_keeps_the_source():
     a, b = _lazy_pair("pjrt")
-    c = b * 2  # a read: pjrt copies the shared buffer here
+    c = b * 2  # a read: the buffer stays shared
     b.sub_(10)
     a.add_(100)
     assert_same(c, torch.arange(6.0) * 2)

@@ -59,8 +59,8 @@ class Call:
         """(buffer, dtype, shape, stride, offset or DYNAMIC, storage numel, storage dtype,
         uninitialized, view flags: 1 conjugate bit, 2 negative bit)."""
         try:
-            ptr = t.untyped_storage().data_ptr()
-        except AttributeError:  # a Python number PyTorch wrapped as a tensor
+            ptr = storage_ptr(t, written)
+        except (AttributeError, TypeError):  # a Python number PyTorch wrapped as a tensor
             self.dyn.append(t)
             return ("num", type(t))
         idx = self.bufidx.get(ptr)
@@ -98,6 +98,19 @@ class Call:
         raise device_mismatch(self.spec, here, t.device)
 
 
+_data_address = torch._C._data_address
+
+
+def storage_ptr(t: torch.Tensor, written: bool) -> int:
+    """The data pointer of `t`'s storage, its key in the table. A copy-on-write storage
+    (torch._lazy_clone) is read through the buffer it shares, as the CPU does: only a
+    write gives it its own (the mutable access, UntypedStorage.data_ptr(), makes PyTorch
+    materialize it, and the allocator's copy callback copies the buffer)."""
+    if written:
+        return t.untyped_storage().data_ptr()
+    return _data_address(t)
+
+
 def key_of(call: Call) -> tuple:
     """The call's key, filling `call` with its storages, device and run-time values."""
     spec = call.spec
@@ -109,8 +122,8 @@ def key_of(call: Call) -> tuple:
             # call.tensor_part(v), inlined for the common case: a pjrt tensor whose storage
             # is in the table and not seen yet in this call.
             try:
-                ptr = v.untyped_storage().data_ptr()
-            except AttributeError:
+                ptr = storage_ptr(v, a.write)
+            except (AttributeError, TypeError):
                 parts.append(call.tensor_part(v))
                 continue
             rec = _records.get(ptr)

@@ -122,12 +122,12 @@ def _index(device) -> int:
 
 def dense_buffer(t: torch.Tensor):
     """A device buffer holding `t`'s elements densely, in row-major order."""
-    rec = table.record_of(t)
+    rec = table.read_record(t)
     if (t.storage_offset() == 0 and views.is_contiguous(t.shape, t.stride())
             and rec.dtype == table.dtypes.to_jax(t.dtype) and rec.numel == t.numel()):
         return rec.get()
     clone = aten.clone.default(t, memory_format=torch.contiguous_format)
-    return table.record_of(clone).get()
+    return table.read_record(clone).get()
 
 
 def to_cpu(t: torch.Tensor) -> torch.Tensor:

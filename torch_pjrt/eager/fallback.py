@@ -42,12 +42,13 @@ def run(op: torch._ops.OpOverload, *args, **kwargs):
 
 
 def _shared_storages(tree, pjrt: str) -> set[int]:
-    """Data pointers of the pjrt storages that more than one tensor argument uses."""
+    """The pjrt storages (by their StorageImpl's address) that more than one tensor argument
+    uses."""
     seen: set[int] = set()
     shared: set[int] = set()
     for t in torch.utils._pytree.tree_leaves(tree):
         if isinstance(t, torch.Tensor) and t.device.type == pjrt:
-            ptr = t.untyped_storage().data_ptr()
+            ptr = torch._C._storage_address(t)  # (data_ptr() would materialize a lazy clone)
             (shared if ptr in seen else seen).add(ptr)
     return shared
 
@@ -103,7 +104,7 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
         nonlocal device
         if isinstance(x, torch.Tensor) and x.device.type == pjrt:
             device = device or x.device
-            ptr = x.untyped_storage().data_ptr()
+            ptr = torch._C._storage_address(x)
             if ptr not in shared:
                 return x.cpu()
             # Arguments sharing a storage share it on the CPU too, so that the CPU kernel

@@ -187,8 +187,9 @@ def _cpu_error(spec: OpSpec, values: list, layout: str = "strided",
             if id(v) in same:
                 return same[id(v)]
             if layout == "aliased":
-                s = v.untyped_storage()
-                key, nbytes, offset = s.data_ptr(), s.nbytes(), v.storage_offset()
+                # (the const address: a mutable one would materialize a lazy clone)
+                key = torch._C._data_address(v)
+                nbytes, offset = v.untyped_storage().nbytes(), v.storage_offset()
             else:
                 key, offset = id(v), 0
                 nbytes = 0 if v.numel() == 0 else v.element_size() * (
@@ -217,7 +218,7 @@ def _cpu_error(spec: OpSpec, values: list, layout: str = "strided",
     tensors = [t for t in flat_tensors(values) if t.device.type == _PJRT]
     if sum(t.numel() for t in tensors) > _CPU_ERROR_MAX_ELEMENTS:
         return None
-    if layout == "aliased" and sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+    if layout == "aliased" and sum({torch._C._data_address(t): t.untyped_storage().nbytes()
                                     for t in tensors}.values()) > 8 * _CPU_ERROR_MAX_ELEMENTS:
         layout = "strided"  # (a small view of a large storage: not worth a host copy of it)
     if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(spec.op.name(), "CPU"):

@@ -198,7 +198,16 @@ def record(storage: torch.UntypedStorage) -> StorageRecord:
 
 
 def record_of(t: torch.Tensor) -> StorageRecord:
+    """The record `t` writes: a copy-on-write storage (torch._lazy_clone) gets its own here
+    (data_ptr() is PyTorch's mutable access; the allocator's copy callback copies)."""
     return record(t.untyped_storage())
+
+
+def read_record(t: torch.Tensor) -> StorageRecord:
+    """The record `t` reads: looked up by the const data address, so that a lazy clone
+    keeps sharing its buffer, as on the CPU."""
+    rec = _records.get(torch._C._data_address(t))
+    return rec if rec is not None else record_of(t)
 
 
 def empty_strided(shape, stride, dtype: torch.dtype, device: int, value=None) -> torch.Tensor:

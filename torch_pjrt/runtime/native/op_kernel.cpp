@@ -206,11 +206,13 @@ struct KeyBuilder {
   bool tensor(const at::Tensor& t, bool written = false) {
     if (!t.defined() || t.device().type() != kPjrt || !t.has_storage() || t.is_sparse())
       return false;
-    // A copy-on-write storage (torch._lazy_clone) gets its own handle and buffer at its
-    // first use, as the Python path's data_ptr() gives it: until then its buffer is the
-    // source's, and a write through the shared handle would reach both tensors.
+    // A copy-on-write storage (torch._lazy_clone) is read through the buffer it shares
+    // (the const pointer), as the CPU does; a write gives it its own handle and buffer
+    // first, as the Python path's storage_ptr does: a write through the shared handle
+    // would reach both tensors.
     const c10::Storage& storage = t.storage();
-    if (c10::impl::cow::is_cow_data_ptr(std::as_const(*storage.unsafeGetStorageImpl()).data_ptr()))
+    if (written &&
+        c10::impl::cow::is_cow_data_ptr(std::as_const(*storage.unsafeGetStorageImpl()).data_ptr()))
       storage.mutable_data();  // PyTorch's materialization: the allocator's copy_data
     uintptr_t ptr = reinterpret_cast<uintptr_t>(t.storage().data());
     size_t idx = 0;
