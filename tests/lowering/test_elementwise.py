@@ -475,3 +475,19 @@ def test_a_number_where_the_op_takes_a_tensor(dtype) -> None:
                lambda t: torch.special.shifted_chebyshev_polynomial_u(2.0, t)):
         got = compare(fn, y)
         assert got.dtype == fn(y).dtype
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("half,out_dtype", [(torch.float16, torch.float64),
+                                            (torch.bfloat16, torch.float32)])
+def test_an_out_of_a_wider_dtype_gets_the_half_result(half, out_dtype) -> None:
+    """PyTorch computes in the operands' common dtype whatever out='s dtype is, rounding
+    the float32 opmath result to it before the write (test_type_promotion's
+    test_computation_ignores_out): float16 33000 + 33000 is inf even into a float64 out."""
+    a = torch.tensor([33000.0, 1.5, 1.1, 2.3, -3.7, 3e38 if half == torch.bfloat16 else 6e4])
+    b = torch.tensor([33000.0, 0.666, 1.1, 2.3, 3.7, 3e38 if half == torch.bfloat16 else 6e4])
+    a, b = a.to(half), b.to(half)
+    for op in (torch.add, torch.mul, torch.true_divide, torch.sub, torch.atan2):
+        want = op(a, b, out=torch.empty(6, dtype=out_dtype))
+        got = op(a.to("pjrt"), b.to("pjrt"), out=torch.empty(6, dtype=out_dtype, device="pjrt"))
+        assert torch.equal(got.cpu(), want), (op, got, want)

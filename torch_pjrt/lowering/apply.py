@@ -11,6 +11,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import torch
+from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ..storage import dtypes
@@ -46,13 +48,34 @@ def promotion(spec, metas: list, out_dtype) -> dict[str, Any] | None:
         m = by_name[n]
         if m is not None:
             operands.extend(m if isinstance(m, list) else [m])
+    result = None
     if lowering.promote == "result":
         dtype = out_dtype
     elif not operands:
         return None
     else:
-        dtype, _ = elementwise_dtypes(*operands, type_promotion_kind=_KINDS[lowering.promote])
-    return {n: dtypes.to_jax(dtype) for n in names}
+        dtype, result = elementwise_dtypes(*operands,
+                                           type_promotion_kind=_KINDS[lowering.promote])
+    compute = {n: dtypes.to_jax(dtype) for n in names}
+    if spec.is_out and result is not None and result in _ROUNDED and dtype != result:
+        compute[ROUND_TO] = result
+    return compute
+
+
+# The key in promotion()'s mapping for the dtype an out= variant's result is rounded to
+# before it is written: PyTorch computes in the common dtype whatever the out= dtype is
+# (float16 33000 + 33000 is inf even into a float64 out), in float32 for the half types
+# (opmath), rounding the result to the common dtype.
+ROUND_TO = ""
+_ROUNDED = {torch.float16: (5, 10), torch.bfloat16: (8, 7)}
+
+
+def _round(results: list, dtype) -> list:
+    """The opmath result rounded to the common half dtype, kept in float32: reduce_precision,
+    not a convert to the half type and back, which XLA may drop as excess precision."""
+    exponent, mantissa = _ROUNDED[dtype]
+    return [lax.reduce_precision(r, exponent, mantissa)
+            if isinstance(r, jax.Array) and r.dtype == jnp.float32 else r for r in results]
 
 
 def _cast(val, dtype):
@@ -121,7 +144,10 @@ def invoke(spec, values: list, compute: dict | None, meta_structs: list | None, 
         kw["meta"] = meta_structs
     if lowering.wants_layout:
         kw["contiguous"] = contiguous
-    return flatten(lowering.fn(*pos, **kw))
+    results = flatten(lowering.fn(*pos, **kw))
+    if compute is not None and ROUND_TO in compute:
+        results = _round(results, compute[ROUND_TO])
+    return results
 
 
 def broadcast_cast(value, shape, dtype):
