@@ -54,11 +54,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
                         "TestTypePromotion.test_result_type_float16_complex*")},
         "TestTypePromotion.test_sparse_*": (
             "sparse COO tensors: XLA arrays are dense and pjrt has no sparse layout", True),
-        "TestTypePromotion.test_computation_ignores_out": (
-            "a wrong value left open: float16 33000 + 33000 written into a float64 out gives "
-            "65984, not inf (the float16 overflow), and 1.5 / 0.666 keeps float32 digits: "
-            "XLA:CPU computes float16 arithmetic in float32 and its convert to float64 "
-            "skips the rounding to float16 that PyTorch does before the cast", True),
         "TestTypePromotion.test_many_promotions": (
             "compile-bound, not wrong: every dtype pair through several binary ops, each "
             "pair a new program (over 120 s)", False),
