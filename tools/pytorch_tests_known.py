@@ -100,12 +100,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "tests/lowering/test_factories.py, and the dtypes that skip that check pass",
             False) for dtype in ("float32", "float64", "complex64", "complex128", "int32",
                                  "int64")},
-        "TestTensorCreation.test_block_diag": (
-            "a message's wording: a CPU tensor among pjrt ones raises the dispatcher's "
-            "\"Expected all tensors to be on the same device\" (pjrt checks devices before "
-            "any op's own code), not block_diag's \"input tensors must all be on the same "
-            "device. Input 0 is on device cpu...\"; the values and the other errors match",
-            True),
         "TestTensorCreation.test_fill_all_dtypes_and_devices": (
             "fills every dtype torch has, the fnuz float8 formats (no negative zero, one NaN; "
             "AMD MI300's) among them: they are outside pjrt's dtype table (the OCP formats "

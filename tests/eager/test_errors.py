@@ -38,6 +38,17 @@ def test_device_mismatch_and_cpu_scalars():
                        .cpu(), want)
 
 
+def test_block_diag_names_the_inputs_on_other_devices():
+    """block_diag checks its inputs' devices itself, with its own message (PyTorch's
+    test_block_diag matches it)."""
+    with pytest.raises(RuntimeError, match="torch.block_diag: input tensors must all be on "
+                       "the same device. Input 0 is on device cpu and input 1 is on device pjrt"):
+        torch.block_diag(torch.ones(2, 2), torch.ones(2, 2, device="pjrt"))
+    with pytest.raises(RuntimeError, match="Input 0 is on device pjrt:0 and input 2 is on "
+                       "device cpu"):
+        torch.block_diag(*(torch.ones(1, device=d) for d in ("pjrt", "pjrt", "cpu")))
+
+
 def test_index_out_of_range_is_an_error_not_a_clamp():
     d = torch.arange(4.0, device="pjrt")
     with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):

@@ -75,7 +75,8 @@ class Call:
             if self.device is None:
                 self.device = rec.device
             elif rec.device != self.device:
-                raise device_mismatch(self.spec, torch.device(_PJRT, self.device), t.device)
+                raise device_mismatch(self.spec, torch.device(_PJRT, self.device), t.device,
+                                      self.values)
             idx = self.bufidx[ptr] = len(self.recs)
             self.recs.append(rec)
         else:
@@ -95,7 +96,7 @@ class Call:
             self.dyn.append(t.item())
             return None
         here = torch.device(_PJRT, self.device if self.device is not None else 0)
-        raise device_mismatch(self.spec, here, t.device)
+        raise device_mismatch(self.spec, here, t.device, self.values)
 
 
 _data_address = torch._C._data_address
