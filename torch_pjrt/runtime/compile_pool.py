@@ -28,9 +28,20 @@ _pool: ThreadPoolExecutor | None = None
 def parallel(works: list[Callable[[], Any]]) -> list[Any]:
     """Each work's result, in order, the works run side by side (the caller's thread runs
     one of them). The first error raises, once every work has finished."""
-    global _pool
+    global _in_parallel
     if len(works) <= 1 or threads() == 1:
         return [work() for work in works]
+    with _cond:
+        _in_parallel += 1
+    try:
+        return _parallel(works)
+    finally:
+        with _cond:
+            _in_parallel -= 1
+
+
+def _parallel(works: list[Callable[[], Any]]) -> list[Any]:
+    global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(threads() - 1, thread_name_prefix="pjrt-compile")
     futures = [_pool.submit(work) for work in works[1:]]
@@ -72,6 +83,7 @@ class Job:
 _cond = threading.Condition()
 _queued: collections.deque[Job] = collections.deque()
 _running = 0  # jobs a compile thread is working on
+_in_parallel = 0  # parallel() calls in flight
 _finished: list[Job] = []  # jobs whose done() has not run yet
 _workers: list[threading.Thread] = []
 _stopping = False
@@ -119,6 +131,12 @@ def pending() -> int:
     """Background compiles queued, running, or finished and not yet taken into use."""
     with _cond:
         return len(_queued) + _running + len(_finished)
+
+
+def idle() -> bool:
+    """No background compile queued or running, and none inside parallel()."""
+    with _cond:
+        return not _queued and not _running and not _in_parallel
 
 
 def poll() -> int:
