@@ -54,12 +54,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
                         "TestTypePromotion.test_result_type_float16_complex*")},
         "TestTypePromotion.test_sparse_*": (
             "sparse COO tensors: XLA arrays are dense and pjrt has no sparse layout", True),
-        "TestTypePromotion.test_many_promotions": (
-            "compile-bound, not wrong: every dtype pair through several binary ops, each "
-            "pair a new program (over 120 s)", False),
-        "TestTypePromotion.test_comparison_ops_with_type_promotion": (
-            "compile-bound, not wrong: comparisons over every dtype pair and operand kind, "
-            "each a new program (over 120 s)", False),
     },
     "test_unary_ufuncs.py": {
         # the OpInfo tests at complex32, and the chalf op (a conversion to complex32) at
