@@ -22,6 +22,7 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "scales)", True),
     },
     "test_view_ops.py": {
+        "TestViewOps.test_view_as_real_complex32": (_COMPLEX32, True),
         "TestOldViewOps.test_flatten": (
             "flattens a quantized tensor (_empty_affine_quantized) after the float one: pjrt "
             "has no quantized tensors (XLA has no scale/zero-point type)", True),
