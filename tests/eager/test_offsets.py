@@ -55,6 +55,27 @@ def test_slices_and_narrow_views_at_run_time_offsets():
         _check(lambda t, row=row: t[row].cumsum(0) + t[row:row + 1].sum(), m)
 
 
+def test_a_loop_over_columns_compiles_once(monkeypatch):
+    """Strided views (a column, a strided window) at run-time offsets too: PyTorch's
+    test_sort compares each column with the next, 2,048 of them (a program per column
+    before: 68 ms a column in strict mode, 12 ms fused; 1 ms now)."""
+    from torch_pjrt.eager import tiers
+
+    torch_pjrt.ensure_initialized()
+    monkeypatch.setattr(tiers, "enabled", False)
+    m = torch.sort(torch.rand(4, 40))[0]
+    d = m.to("pjrt")
+    counts = []
+    for k in range(1, 40):
+        before = _compiles()
+        assert ((d[:, k] != d[:, k]) | (d[:, k - 1] <= d[:, k])).all().item()
+        counts.append(_compiles() - before)
+    assert sum(counts[3:]) == 0, counts
+    for k in (1, 5, 37):
+        _check(lambda t, k=k: t[:, k] * 2 + t[::2, k - 1].repeat(2), m)
+        _check(lambda t, k=k: t[1:, k:k + 2].exp() - t[::3, k - 1::7].sum(), m)
+
+
 def test_the_same_storage_read_at_two_offsets_and_written_at_a_third():
     base = torch.arange(40, dtype=torch.float32).reshape(10, 4)
     for i in range(10):

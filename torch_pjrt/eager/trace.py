@@ -101,8 +101,9 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             idx, dtype, shape, stride, offset = part[:5]
             if flat_math and len(shape) > 1:  # see _shape_agnostic
                 shape, stride = (math.prod(shape),), (1,)
-            if offset == DYNAMIC:  # a contiguous view at an offset given at run time
-                value = views.read_at(bufs[idx], shape, next(dyn_iter), dtypes.to_jax(dtype))
+            if offset == DYNAMIC:  # a view at an offset given at run time
+                value = views.read_at(bufs[idx], shape, stride, next(dyn_iter),
+                                      dtypes.to_jax(dtype))
             else:
                 value = views.read(bufs[idx], shape, stride, offset, dtypes.to_jax(dtype))
             return _resolve_flags(value, part[8])

@@ -175,14 +175,17 @@ def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     return jnp.broadcast_to(dense.reshape(kept), shape)
 
 
-def read_at(flat, shape: Shape, offset, dtype=None):
-    """A contiguous, non-empty view at a run-time `offset` (a traced integer): one program
-    serves the view at every offset that keeps it inside the buffer, as all of PyTorch's
-    do (call_key.dynamic_offset)."""
+def read_at(flat, shape: Shape, stride: Shape, offset, dtype=None):
+    """A non-empty view at a run-time `offset` (a traced integer): one program serves the
+    view at every offset that keeps it inside the buffer, as all of PyTorch's do
+    (call_key.dynamic_offset). A strided view reads the span of the buffer it covers from
+    `offset`, then itself at offset 0 of that span."""
     if dtype is not None:
         flat = reinterpret(flat, dtype)
-    numel = math.prod(shape)
-    return lax.dynamic_slice(flat, (offset,), (numel,)).reshape(shape)
+    if is_contiguous(shape, stride):
+        return lax.dynamic_slice(flat, (offset,), (math.prod(shape),)).reshape(shape)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    return read(lax.dynamic_slice(flat, (offset,), (span,)), shape, stride, 0)
 
 
 def _differs(a, b):

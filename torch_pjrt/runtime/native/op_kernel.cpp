@@ -188,17 +188,11 @@ struct KeyBuilder {
   }
 
   // call_key.dynamic_offset's twin: a read view whose offset is a run-time value (a
-  // nonzero offset of a contiguous, non-empty view, by views.is_contiguous's rule).
+  // nonzero offset of a non-empty view, contiguous or strided).
   static bool dynamic_offset(const at::Tensor& t) {
     if (t.storage_offset() <= 0) return false;
-    auto sizes = t.sizes();
-    auto strides = t.strides();
-    int64_t expected = 1;
-    for (size_t i = sizes.size(); i-- > 0;) {
-      if (sizes[i] == 0) return false;
-      if (sizes[i] != 1 && strides[i] != expected) return false;
-      expected *= sizes[i];
-    }
+    for (int64_t n : t.sizes())
+      if (n == 0) return false;
     return true;
   }
 
