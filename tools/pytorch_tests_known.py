@@ -41,10 +41,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "(std::sort's result is then unspecified; insertion sort keeps the input order "
             "here); pjrt sorts NaN rows last, as torch.sort does, so the same rows and counts "
             "come in another order. The other cases pass", True),
-        "TestSortAndSelect.test_sort": (
-            "sync-bound, not wrong: assertIsOrdered reads one .item() per column (2,048 "
-            "synchronizations, each waiting for its comparison program) and indexes the "
-            "results element by element in Python (over 120 s)", False),
     },
     "test_type_promotion.py": {
         **{name: (_COMPLEX32, True)
