@@ -37,9 +37,9 @@ DYNAMIC = "dyn"  # in a tensor part's offset place: the offset is a run-time val
 
 def dynamic_offset(shape, stride, offset: int) -> bool:
     """Whether a view read by an op has its offset passed at run time: a nonzero offset
-    of a non-empty view, contiguous or strided (the twin of KeyBuilder::dynamic_offset in
-    C++): a loop over a tensor's rows or columns runs one program. Written views keep
-    theirs in the key: the program's writes are laid out by it."""
+    of a non-empty view, contiguous or strided, read or written (the twin of
+    KeyBuilder::dynamic_offset in C++): a loop over a tensor's rows or columns, reading or
+    writing them, runs one program."""
     return offset > 0 and 0 not in shape
 
 
@@ -83,7 +83,7 @@ class Call:
         else:
             rec = self.recs[idx]
         offset = t.storage_offset()
-        if not written and offset and dynamic_offset(t.shape, t.stride(), offset):
+        if offset and dynamic_offset(t.shape, t.stride(), offset):
             self.dyn.append(offset)
             offset = DYNAMIC
         return (idx, t.dtype, t.shape, t.stride(), offset, rec.numel,

@@ -24,7 +24,8 @@ class Entry:
     """A compiled op for one input signature."""
 
     __slots__ = ("fn", "trace", "order", "n_results", "result_avals", "outs", "single",
-                 "targets", "written", "donate", "resize", "checks", "checked", "name",
+                 "targets", "target_slots", "written", "donate", "resize", "checks", "checked",
+                 "name",
                  "digest", "device", "signature", "values", "random", "call", "ordered",
                  "alias_return", "products", "jaxpr", "alone", "quick")
 
@@ -50,6 +51,7 @@ class Entry:
         self.alias_return: int | None = None  # the op returns only this argument (in place)
         # (buf, dtype, shape, stride, offset, view flags) of each written view
         self.targets: list[tuple] = []
+        self.target_slots: list[tuple[int, int]] = []  # each target's (argument, index)
         self.written: tuple[int, ...] = ()  # storage buffers the program returns, in order
         self.donate: tuple[int, ...] = ()  # written buffers whose old value is donated
         self.resize: list[tuple[int, tuple]] | None = None  # out= tensors to resize first
@@ -141,6 +143,7 @@ def compile_entry(call: Call, key: tuple) -> Entry:
         part = key[1 + pos]
         parts = part if spec.args[pos].kind in (TENSOR_LIST, OPT_TENSOR_LIST) else (part,)
         entry.targets.extend(p[:5] + p[8:9] for p in parts)
+        entry.target_slots.extend((pos, j) for j in range(len(parts)))
     entry.written = tuple(dict.fromkeys(t[0] for t in entry.targets))
     # Donate a written storage's old buffer when the new one can reuse it (same dtype).
     entry.donate = tuple(

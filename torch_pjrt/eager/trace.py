@@ -90,8 +90,9 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                 numel, dtype = buffer_shapes[i]
                 bufs[i] = jnp.zeros((numel,), dtype)
         dyn_iter = iter(dyn)
+        at = {}  # (argument, list index) -> the run-time offset of a view given one
 
-        def read(part):
+        def read(part, slot):
             if part is None:
                 return None
             if part[0] == "cpu0":
@@ -102,21 +103,27 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             if flat_math and len(shape) > 1:  # see _shape_agnostic
                 shape, stride = (math.prod(shape),), (1,)
             if offset == DYNAMIC:  # a view at an offset given at run time
-                value = views.read_at(bufs[idx], shape, stride, next(dyn_iter),
-                                      dtypes.to_jax(dtype))
+                at[slot] = next(dyn_iter)
+                value = views.read_at(bufs[idx], shape, stride, at[slot], dtypes.to_jax(dtype))
             else:
                 value = views.read(bufs[idx], shape, stride, offset, dtypes.to_jax(dtype))
             return _resolve_flags(value, part[8])
 
         values = []
-        for a, part in zip(spec.args, arg_parts):
+        for pos, (a, part) in enumerate(zip(spec.args, arg_parts)):
             kind = a.kind
-            if kind == GENERATOR or (spec.is_out and a.write):
+            if kind == GENERATOR:
+                values.append(None)
+            elif spec.is_out and a.write:  # not read; its run-time offsets, in order
+                for j, p in enumerate(part if kind in (TENSOR_LIST, OPT_TENSOR_LIST)
+                                      else (part,)):
+                    if p is not None and p[0] not in ("cpu0", "num") and p[4] == DYNAMIC:
+                        at[(pos, j)] = next(dyn_iter)
                 values.append(None)
             elif kind in (TENSOR, OPT_TENSOR):
-                values.append(read(part))
+                values.append(read(part, (pos, 0)))
             elif kind in (TENSOR_LIST, OPT_TENSOR_LIST):
-                values.append([read(p) for p in part])
+                values.append([read(p, (pos, j)) for j, p in enumerate(part)])
             elif kind == SCALAR:  # a static Python number, or a run-time value
                 values.append(part[1] if isinstance(part, tuple) else next(dyn_iter))
             elif kind == SCALAR_LIST:
@@ -152,11 +159,15 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                 f"{n_targets} written + {len(out_specs)} new")
         outs = [_layout(v, *o) for v, o in zip(fresh_vals, out_specs) if o is not None]
         new_bufs = {}
-        for (buf, dtype, shape, stride, offset, view_flags), val in zip(entry.targets,
-                                                                         target_vals):
+        for (buf, dtype, shape, stride, offset, view_flags), slot, val in zip(
+                entry.targets, entry.target_slots, target_vals):
             val = _resolve_flags(apply.broadcast_cast(val, shape, dtypes.to_jax(dtype)),
                                  view_flags)  # an involution: stored as the view reads it
-            new_bufs[buf] = views.write(new_bufs.get(buf, bufs[buf]), val, shape, stride, offset)
+            base = new_bufs.get(buf, bufs[buf])
+            if offset == DYNAMIC:
+                new_bufs[buf] = views.write_at(base, val, shape, stride, at[slot])
+            else:
+                new_bufs[buf] = views.write(base, val, shape, stride, offset)
         flags = (collected.flags(),) if entry.checks else ()
         return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
 

@@ -255,6 +255,18 @@ def write(flat, value, shape: Shape, stride: Shape, offset: int):
     return padded[: flat.shape[0]] if end > flat.shape[0] else padded
 
 
+def write_at(flat, value, shape: Shape, stride: Shape, offset):
+    """write() of a view at a run-time `offset` (a traced integer; call_key.dynamic_offset):
+    the span of the buffer the view covers from `offset` is read, written at offset 0 and
+    put back."""
+    flat = reinterpret(flat, value.dtype)
+    if is_contiguous(shape, stride):
+        return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    seg = write(lax.dynamic_slice(flat, (offset,), (span,)), value, shape, stride, 0)
+    return lax.dynamic_update_slice(flat, seg, (offset,))
+
+
 def to_flat(value, stride: Shape):
     """A dense result laid out in memory with the given (dense) strides."""
     shape = value.shape

@@ -188,7 +188,7 @@ struct KeyBuilder {
   }
 
   // call_key.dynamic_offset's twin: a read view whose offset is a run-time value (a
-  // nonzero offset of a non-empty view, contiguous or strided).
+  // nonzero offset of a non-empty view, contiguous or strided, read or written).
   static bool dynamic_offset(const at::Tensor& t) {
     if (t.storage_offset() <= 0) return false;
     for (int64_t n : t.sizes())
@@ -246,7 +246,7 @@ struct KeyBuilder {
     sig.push_back(n);
     sig.insert(sig.end(), sizes.begin(), sizes.end());
     sig.insert(sig.end(), strides.begin(), strides.end());
-    if (!written && dynamic_offset(t)) {
+    if (dynamic_offset(t)) {
       sig.push_back(kDynamicOffset);
       PyObject* offset = PyLong_FromLongLong(t.storage_offset());
       if (offset == nullptr) return false;
