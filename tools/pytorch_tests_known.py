@@ -136,10 +136,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "compile-bound, not wrong: 511 index lengths, each a new program for uniform_, "
             "cumsum, randn and index_put (over 120 s); the accumulation itself is in "
             "tests/lowering/test_index_put_and_copy.py", False),
-        "TestIndexing.test_index_copy_deterministic": (
-            "dispatch-bound, not wrong: the reference is 120,000 Python-level slice writes, each "
-            "several device ops; pjrt's index_copy with repeated indices matches the CPU's "
-            "deterministic kernel (checked for all three dims)", False),
         "TestIndexing.test_index_select_float8_e*fnuz": (
             "the fnuz float8 formats (no negative zero, one NaN; AMD MI300's) are outside "
             "pjrt's dtype table, which holds the OCP formats e4m3fn and e5m2 that XLA's "
