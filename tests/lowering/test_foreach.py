@@ -224,3 +224,24 @@ def test_foreach_on_views_writes_through():
         return base
 
     compare(fn, base)
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("k", [1, 3])
+def test_overlapping_tensors_of_a_list_apply_in_order(k):
+    """Written tensors of one list that overlap (a row and a column of one matrix): the CPU
+    applies the list one tensor after another, so x[k, k] gets both adds; pjrt runs such a
+    call one element at a time (trace._overlapping_foreach), its other lists read after the
+    writes before them. At once, x[k, k] got one add, silently."""
+    def fn(x, y):
+        x = x.clone()
+        torch._foreach_add_([x[k], x[:, k], x[k, 1:4]], 3)
+        torch._foreach_mul_([x[:, k], x[k]], [2.0, 3.0])
+        torch._foreach_add_([x[k], x[:, 2]], [y[k], y[:, 2]], alpha=2)
+        torch._foreach_addcmul_([x[k], x[k]], [y[k], y[k]], [x[k], x[k]], value=0.5)
+        torch._foreach_add_([x[0], x[4]], 1)  # apart: all at once
+        return x
+
+    x, y = torch.arange(30.0).reshape(5, 6), torch.linspace(-1, 1, 30).reshape(5, 6)
+    got = fn(x.to("pjrt"), y.to("pjrt")).cpu()
+    assert torch.equal(got, fn(x, y)), (got - fn(x, y)).abs().max()

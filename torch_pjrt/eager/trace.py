@@ -80,6 +80,8 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                         jax.ShapeDtypeStruct((math.prod(m.shape),), m.dtype)
                         for m in meta_structs]
 
+    one_at_a_time = _overlapping_foreach(spec, entry)
+
     def trace(*flat):
         bufs = [None] * n_bufs
         for i, b in zip(order, flat[:n_bufs]):
@@ -91,6 +93,52 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                 bufs[i] = jnp.zeros((numel,), dtype)
         dyn_iter = iter(dyn)
         at = {}  # (argument, list index) -> the run-time offset of a view given one
+        new_bufs = {}
+
+        def write(target, slot, val):
+            buf, dtype, shape, stride, offset, view_flags = target
+            val = _resolve_flags(apply.broadcast_cast(val, shape, dtypes.to_jax(dtype)),
+                                 view_flags)  # an involution: stored as the view reads it
+            base = new_bufs.get(buf, bufs[buf])
+            if offset == DYNAMIC:
+                new_bufs[buf] = views.write_at(base, val, shape, stride, at[slot])
+            else:
+                new_bufs[buf] = views.write(base, val, shape, stride, offset)
+
+        def reread(part, slot):
+            """A list element read again, after the writes before it (_in_order)."""
+            idx, dtype, shape, stride, offset = part[:5]
+            buf = new_bufs.get(idx, bufs[idx])
+            if flat_math and len(shape) > 1:
+                shape, stride = (math.prod(shape),), (1,)
+            if offset == DYNAMIC:
+                value = views.read_at(buf, shape, stride, at[slot], dtypes.to_jax(dtype))
+            else:
+                value = views.read(buf, shape, stride, offset, dtypes.to_jax(dtype))
+            return _resolve_flags(value, part[8])
+
+        def _in_order(values):
+            """A foreach op whose written tensors overlap, one list element after another
+            (as the CPU's loop over the list): element i reads what elements < i wrote."""
+            results = []
+            for i in range(one_at_a_time):
+                step = []
+                for pos, (a, part, v) in enumerate(zip(spec.args, arg_parts, values)):
+                    if a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+                        p = part[i]
+                        tensor = p is not None and p[0] not in ("cpu0", "num")
+                        step.append([reread(p, (pos, i)) if tensor else v[i]])
+                    elif a.kind == SCALAR_LIST:
+                        step.append([v[i]])
+                    else:
+                        step.append(v)
+                metas = None if meta_structs is None else [meta_structs[i]]
+                val = apply.invoke(spec, step, compute, metas, None, None)[0]
+                if flat_math:
+                    val = _unflatten(val, entry.targets[i][2])
+                write(entry.targets[i], entry.target_slots[i], val)
+                results.append(val)
+            return results
 
         def read(part, slot):
             if part is None:
@@ -143,7 +191,10 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                                for a, part in zip(spec.args, arg_parts)
                                if a.kind in (TENSOR, OPT_TENSOR))
         with checks.CheckCollector() as collected:
-            results = apply.invoke(spec, values, compute, meta_structs, rng, contiguous)
+            if one_at_a_time:
+                results = _in_order(values)
+            else:
+                results = apply.invoke(spec, values, compute, meta_structs, rng, contiguous)
         entry.checks = collected.infos()
         entry.checked = entry.checks is not None
 
@@ -158,20 +209,37 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                 f"the lowering of {spec.op} returned {len(results)} arrays; expected "
                 f"{n_targets} written + {len(out_specs)} new")
         outs = [_layout(v, *o) for v, o in zip(fresh_vals, out_specs) if o is not None]
-        new_bufs = {}
-        for (buf, dtype, shape, stride, offset, view_flags), slot, val in zip(
-                entry.targets, entry.target_slots, target_vals):
-            val = _resolve_flags(apply.broadcast_cast(val, shape, dtypes.to_jax(dtype)),
-                                 view_flags)  # an involution: stored as the view reads it
-            base = new_bufs.get(buf, bufs[buf])
-            if offset == DYNAMIC:
-                new_bufs[buf] = views.write_at(base, val, shape, stride, at[slot])
-            else:
-                new_bufs[buf] = views.write(base, val, shape, stride, offset)
+        if not one_at_a_time:  # (_in_order wrote each target as it went)
+            for target, slot, val in zip(entry.targets, entry.target_slots, target_vals):
+                write(target, slot, val)
         flags = (collected.flags(),) if entry.checks else ()
         return tuple(outs) + tuple(new_bufs[b] for b in entry.written) + flags
 
     return trace
+
+
+def _overlapping_foreach(spec: OpSpec, entry) -> int:
+    """How many elements an in-place foreach op runs one at a time (0: all at once): where
+    two of the tensors it writes may overlap (one storage, element ranges that meet, or an
+    offset known only at run time). The CPU applies the list one tensor after another, so
+    _foreach_add_([x[3], x[:, 3]], 3) adds 6 at x[3, 3]; at once, each would read the old
+    value and the last write would win."""
+    lowering = spec.lowering
+    if (not spec.op._schema.name.startswith("aten::_foreach_") or spec.is_out
+            or len(spec.mutated) != 1 or entry.outs or lowering.wants_layout
+            or lowering.random):
+        return 0
+    seen: dict[int, list] = {}
+    for buf, _, shape, stride, offset, _ in entry.targets:
+        if 0 in shape:
+            continue
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        lo = None if offset == DYNAMIC else offset
+        for lo2, hi2 in seen.get(buf, ()):
+            if lo is None or lo2 is None or (lo < hi2 and lo2 < lo + span):
+                return len(entry.targets)
+        seen.setdefault(buf, []).append((lo, None if lo is None else lo + span))
+    return 0
 
 
 def _shape_agnostic(spec: OpSpec, key: tuple) -> bool:
