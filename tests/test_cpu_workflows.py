@@ -43,6 +43,8 @@ with warnings.catch_warnings(record=True) as caught:
 out["fork_warnings"] = [str(w.message)[:60] for w in caught if "fork" in str(w.message)]
 # nothing above started PJRT (None: torch-pjrt is not loaded)
 out["pjrt_started"] = getattr(sys.modules.get("torch_pjrt.runtime"), "_initialized", None)
+# nor imported JAX (about 0.6 s of every `import torch`, a third of torch's own import)
+out["jax_imported"] = "jax" in sys.modules
 # torch.accelerator, the device-agnostic way to pick a device
 acc = torch.accelerator.current_accelerator()
 device = acc if acc is not None and torch.accelerator.is_available() else torch.device("cpu")
@@ -72,6 +74,7 @@ def test_cpu_script_is_the_same_with_the_autoload_on_and_off():
         assert on[key] == off[key], key  # bit for bit: the CPU computed it both times
     assert on["fork_warnings"] == off["fork_warnings"] == []
     assert on["pjrt_started"] is False and off["pjrt_started"] is None
+    assert on["jax_imported"] is False
     # by design: the accelerator is pjrt, and the probe ran there (to float tolerance)
     assert on["accelerator"][0] == "pjrt" and off["accelerator"][0] == "None"
     assert on["accelerator"][1] == pytest.approx(off["accelerator"][1], rel=1e-6)

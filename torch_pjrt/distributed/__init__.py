@@ -15,11 +15,11 @@ def register() -> None:
     """Name the backend (init_process_group("pjrt"), the default for pjrt tensors) and
     let the runtime bring up JAX's multi-process runtime before PJRT starts. Cheap: runs
     at `import torch` (autoload)."""
-    from ..runtime import client
+    from ..runtime import platform
 
-    if _start_from_env not in client.before_start:
-        client.before_start.append(_start_from_env)
-        client.count_hints.append(_count_from_env)
+    if _start_from_env not in platform.before_start:
+        platform.before_start.append(_start_from_env)
+        platform.count_hints.append(_count_from_env)
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True,
                                       devices=[runtime.DEVICE_TYPE])

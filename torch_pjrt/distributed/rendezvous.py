@@ -1,7 +1,7 @@
 """Bringing up JAX's multi-process runtime (jax.distributed) before PJRT starts.
 
 JAX must know the job's processes before it starts a PJRT client, so the runtime asks
-here first (runtime.client.before_start): when torchrun's variables say WORLD_SIZE > 1,
+here first (runtime.platform.before_start): when torchrun's variables say WORLD_SIZE > 1,
 every process connects to JAX's coordination service (hosted by rank 0 at MASTER_ADDR
 and MASTER_PORT + 1, or TORCH_PJRT_COORDINATOR) and the PJRT client then runs
 collectives with the other processes (gloo on XLA:CPU, NCCL on GPUs, the ICI on TPUs).
@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass
 
 from .. import _env
+from ..runtime import platform
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def env_world() -> World | None:
 
 
 def start_from_env() -> list[int] | None:
-    """runtime.client.before_start: bring up jax.distributed if torchrun's variables say
+    """runtime.platform.before_start: bring up jax.distributed if torchrun's variables say
     WORLD_SIZE > 1; the JAX process indices whose devices are pjrt:0, pjrt:1, ..."""
     if _world is not None:
         return _world.host_ranks
@@ -101,7 +102,7 @@ def _initialize(coordinator: str, w: World, timeout_s: float = 300.0) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # One device per process: on GPUs the one of its local rank (the others stay free
     # for the other processes' clients).
-    local_ids = None if _cpu_only() else [w.local_rank]
+    local_ids = None if platform.cpu_platform() else [w.local_rank]
     # When JAX's heartbeats say a process died, it ends the others (its callback for that
     # case cannot be a Python function in jaxlib 0.10.2: passing one aborts the process
     # with std::bad_cast when it fires). Collectives raise earlier: agreement.py.
@@ -112,9 +113,3 @@ def _initialize(coordinator: str, w: World, timeout_s: float = 300.0) -> None:
     _world = w
     shim().set_default_device(w.local_rank)
 
-
-def _cpu_only() -> bool:
-    from ..runtime import client
-
-    platform = _env.get("TORCH_PJRT_PLATFORM").strip().lower()
-    return platform == "cpu" or (not platform and not client._accelerator_plugins())

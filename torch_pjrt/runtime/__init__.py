@@ -68,10 +68,10 @@ def _device_count() -> int:
 
 def available() -> bool:
     """Whether a pjrt device exists, said without starting PJRT where the settings decide
-    it (client.known_count); otherwise PJRT starts to count."""
-    from . import client
+    it (platform.known_count); otherwise PJRT starts to count."""
+    from . import platform
 
-    n = client.known_count()
+    n = platform.known_count()
     if n is not None:
         return n > 0
     try:
@@ -81,9 +81,9 @@ def available() -> bool:
 
 
 def _known_count() -> int | None:
-    from . import client
+    from . import platform
 
-    return client.known_count()
+    return platform.known_count()
 
 
 def _free(ptr: int) -> None:

@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import functools
-import os
-import re
-from collections.abc import Callable
 
 import jax
 
 from .. import _env
+from .platform import before_start, cpu_platform
 
 # PyTorch needs exact int64 and float64; JAX is 32-bit unless told otherwise.
 jax.config.update("jax_enable_x64", True)
 
 
-# Steps that must run before JAX starts the PJRT client, registered by upper layers:
-# distributed/ brings up JAX's multi-process runtime there when torchrun's variables say
-# the job has several processes. A step returns None, or the JAX process indices whose
-# devices are pjrt:0, pjrt:1, ... in this process (the processes on this host, in local
-# rank order: pjrt:LOCAL_RANK is this process's own device, as cuda:LOCAL_RANK is).
-before_start: list[Callable[[], list[int] | None]] = []
-# How many devices devices() will list, where an upper layer knows it before the client
-# starts (distributed/: a torchrun job's processes on this host, one device each), or None.
-count_hints: list[Callable[[], int | None]] = []
 _own = [0]  # the index of this process's own device (its first, single-process)
 _foreign: set[int] = set()  # indices of other processes' devices
 
@@ -35,7 +24,7 @@ def devices() -> tuple[jax.Device, ...]:
     host_processes = None
     for step in before_start:
         host_processes = step() or host_processes
-    if _cpu_platform():
+    if cpu_platform():
         from . import host_memory
 
         host_memory.tune()  # before the client starts its threads: they take malloc arenas
@@ -62,58 +51,11 @@ def started() -> bool:
     return devices.cache_info().currsize > 0
 
 
-def known_count() -> int | None:
-    """How many devices devices() lists, said without starting the PJRT client where only
-    the settings decide it: on the cpu platform, one per process of a torchrun job on this
-    host, else jax_num_cpu_devices or XLA's --xla_force_host_platform_device_count (or 1).
-    None where only starting the client tells (an accelerator's plugin). The autograd
-    engine and torch.accelerator ask the count: a CPU-only script must not start PJRT."""
-    if started():
-        return device_count()
-    if not _cpu_platform():
-        return None
-    for hint in count_hints:
-        n = hint()
-        if n is not None:
-            return n
-    n = jax.config.jax_num_cpu_devices
-    if n is not None and n >= 0:
-        return n
-    match = re.search(r"--xla_force_host_platform_device_count=(\d+)",
-                      os.environ.get("XLA_FLAGS", ""))
-    return int(match.group(1)) if match else 1
-
-
-def _cpu_platform() -> bool:
-    """Whether devices() will be XLA:CPU's: TORCH_PJRT_PLATFORM=cpu, or no platform named
-    and no accelerator plugin for JAX to prefer."""
-    platform = _env.get("TORCH_PJRT_PLATFORM").strip().lower()
-    return platform == "cpu" or (not platform and not _accelerator_plugins())
-
-
 def own_index() -> int:
     """The index of the device this process computes on by default (pjrt:LOCAL_RANK in a
     multi-process job, else pjrt:0)."""
     devices()
     return _own[0]
-
-
-@functools.cache
-def _accelerator_plugins() -> bool:
-    """Whether JAX could find a non-CPU PJRT plugin (so it may not pick the CPU)."""
-    import importlib.metadata
-    import pkgutil
-
-    named = os.environ.get("JAX_PLATFORMS", "").strip().lower()
-    if named:
-        return named.split(",")[0].strip() != "cpu"
-    try:
-        import jax_plugins  # namespace package of PJRT plugins
-        if any(True for _ in pkgutil.iter_modules(jax_plugins.__path__)):
-            return True
-    except ImportError:
-        pass
-    return bool(importlib.metadata.entry_points(group="jax_plugins"))
 
 
 def device(index: int) -> jax.Device:
