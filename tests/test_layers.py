@@ -113,3 +113,86 @@ def test_imports_are_read_with_their_layer(module, is_package, source, expected)
     """The reader sees relative, absolute and in-function imports (else the test above
     could pass by reading nothing)."""
     assert imported_parts(module, is_package, source) == expected
+
+
+def import_edges(module: str, is_package: bool, source: str) -> list[tuple[int, str, bool]]:
+    """(line, imported module, binds a name) of each torch_pjrt import that runs when
+    `module` is imported (at module level or in a class body, not in a function). `from .x
+    import f` binds a name: it needs x's code to have run to its end; `from . import x` and
+    `import a.x` bind a module, which a caller may use later."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(node, ast.Import):
+                found.extend((node.lineno, a.name, False) for a in node.names
+                             if a.name.startswith("torch_pjrt"))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith("torch_pjrt"):
+                    continue
+                for a in node.names:
+                    sub = f"{target}.{a.name}"
+                    if _module_path(sub) is not None:
+                        found.append((node.lineno, sub, False))
+                    else:
+                        found.append((node.lineno, target, True))
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)  # the body runs for type checkers only
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    visit(getattr(node, field, []) or [])
+
+    visit(ast.parse(source).body)
+    return found
+
+
+def _module_path(module: str) -> pathlib.Path | None:
+    rel = pathlib.Path(*module.split(".")[1:])
+    for path in (PACKAGE / rel / "__init__.py", PACKAGE / f"{rel}.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def test_no_import_cycle_takes_a_name_from_a_half_imported_module():
+    """Importing any module first works: where modules import each other at import time,
+    each import in the cycle binds the module, never a name from it (`from .x import f`
+    from a module that is still running its own imports raises ImportError). Which module
+    a process imports first depends on the user (torch_pjrt.kernels, eager.op_cache...)."""
+    edges = {}
+    for path, module in _modules():
+        edges[module] = import_edges(module, path.name == "__init__.py", path.read_text())
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.extend(t for _, t, _ in edges.get(m, ()))
+        return False
+
+    fragile = [f"{_module_path(m).relative_to(PACKAGE.parent)}:{line} takes a name from "
+               f"{target}, which imports {m} back"
+               for m, found in edges.items() for line, target, binds in found
+               if binds and target != m and reaches(target, m)]
+    assert fragile == [], "\n".join(fragile)
+
+
+def test_the_cycle_reader_sees_names_and_modules():
+    source = ("from .trace import make_trace\nfrom . import graph\nimport torch_pjrt.logs\n"
+              "def f():\n    from .tiers import quick\nclass C:\n    from ..storage import views\n"
+              "if TYPE_CHECKING:\n    from .schedule import Piece\n")
+    assert import_edges("torch_pjrt.eager.op_cache", False, source) == [
+        (1, "torch_pjrt.eager.trace", True), (2, "torch_pjrt.eager.graph", False),
+        (3, "torch_pjrt.logs", False), (7, "torch_pjrt.storage.views", False)]

@@ -21,6 +21,4 @@ def register_device_interface() -> None:
 
 
 def _register_device_interface() -> None:
-    from . import device_interface
-
-    device_interface.register()
+    from . import device_interface  # noqa: F401 - importing it registers the interface

@@ -111,3 +111,9 @@ class PjrtInterface(DeviceInterface):
 
 def register() -> None:
     register_interface_for_device(runtime.DEVICE_TYPE, PjrtInterface)
+
+
+# Importing this module registers the interface: compile/__init__'s hook on Dynamo's module
+# imports it, and where this module is imported first, its own import of Dynamo's module
+# runs that hook while this one is half done (the hook's import then does nothing).
+register()

@@ -202,7 +202,7 @@ def _local_scalar_dense(self: torch.Tensor):
 
 def _resize_(self: torch.Tensor, size, memory_format=None):
     stride = views.contiguous_strides(size)
-    needed = table.storage_numel(size, stride) + self.storage_offset()
+    needed = views.span(size, stride) + self.storage_offset()
     storage = self.untyped_storage()
     if needed * self.element_size() > storage.nbytes():
         rec = table.record(storage)

@@ -11,6 +11,7 @@ import warnings
 import torch
 
 from ..runtime import DEVICE_TYPE as _PJRT
+from ..storage import views
 from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, ArgSpec, OpSpec
 from .refusals import refuses
 
@@ -192,8 +193,7 @@ def _cpu_error(spec: OpSpec, values: list, layout: str = "strided",
                 nbytes, offset = v.untyped_storage().nbytes(), v.storage_offset()
             else:
                 key, offset = id(v), 0
-                nbytes = 0 if v.numel() == 0 else v.element_size() * (
-                    1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride())))
+                nbytes = v.element_size() * views.span(v.shape, v.stride())
             h = storages.get(key)
             if h is None:
                 h = storages[key] = host(nbytes)

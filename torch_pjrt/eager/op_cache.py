@@ -12,12 +12,11 @@ import torch
 
 from ..lowering import apply
 from ..runtime import client, compile_cache, cpu_kernels, watch
-from ..storage import dtypes, table
-from . import opspec, recompiles
+from ..storage import dtypes, views
+from . import opspec, recompiles, trace
 from .call_key import Call, signature_text, tensor_parts
 from .meta import cpu_check, flat_tensors, fresh_outputs, run_meta
 from .opspec import OPT_TENSOR_LIST, TENSOR, TENSOR_LIST
-from .trace import make_trace
 
 
 class Entry:
@@ -162,7 +161,7 @@ def compile_entry(call: Call, key: tuple) -> Entry:
             entry.outs.append(None)
             continue
         shape, stride, jdtype = tuple(m.shape), tuple(m.stride()), dtypes.to_jax(m.dtype)
-        nbytes = table.storage_numel(shape, stride) * jdtype.itemsize
+        nbytes = views.span(shape, stride) * jdtype.itemsize
         entry.outs.append((shape, stride, m.dtype, jdtype, nbytes))
     if not entry.outs and len(spec.returns_plan) == 1 and spec.returns_plan[0][0] == "alias":
         entry.alias_return = spec.returns_plan[0][1]
@@ -183,10 +182,10 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     n_bufs = len(call.recs)
     entry.order = list(entry.donate) + [i for i in range(n_bufs) if i not in entry.donate]
     entry.ordered = entry.order == list(range(n_bufs))
-    trace = make_trace(spec, key, entry, compute, computed, buffer_shapes)
+    traced = trace.make_trace(spec, key, entry, compute, computed, buffer_shapes)
     sharding = jax.sharding.SingleDeviceSharding(client.device(call.device))
     entry.products = spec.lowering.products
-    jitted = jax.jit(cpu_kernels.rewrite(trace, entry.products), out_shardings=sharding,
+    jitted = jax.jit(cpu_kernels.rewrite(traced, entry.products), out_shardings=sharding,
                      donate_argnums=tuple(range(len(entry.donate))))
     # the disk's programs too are per default dtype (float32's keep their old names)
     default = torch.get_default_dtype()
@@ -194,7 +193,7 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.digest = compile_cache.digest(named, call.device)
     entry.device = call.device
     entry.fn = _Launcher(jitted, None if entry.ordered else entry.order, entry)
-    entry.trace = trace
+    entry.trace = traced
     entry.result_avals = [((o[4] // o[3].itemsize,), o[3]) for o in entry.outs if o is not None]
     for b in entry.written:
         numel, old = buffer_shapes[b]

@@ -16,7 +16,7 @@ import torch
 from .. import _env, counters
 from ..lowering import checks
 from ..runtime import client, compile_cache, compile_pool, device_trace, watch
-from .op_cache import quick
+from . import op_cache
 from .scalars import device_scalar
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def _prepare(piece: Piece, args: list, dyn, device: int) -> None:
 def _launcher(entry):
     """The program an op runs on in a graph run op by op: its own, where it is compiled
     (strict mode ran it), else its quick one (compile_cache.quick_options)."""
-    return entry.fn if entry.fn.compiled is not None else quick(entry)
+    return entry.fn if entry.fn.compiled is not None else op_cache.quick(entry)
 
 
 def _aval(aval: tuple, sharding):

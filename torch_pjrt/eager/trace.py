@@ -15,7 +15,7 @@ from jax.extend.core import jaxpr_as_fun
 
 from ..lowering import apply, checks
 from ..runtime import warm_start
-from ..storage import dtypes, table, views
+from ..storage import dtypes, views
 from . import graph
 from .call_key import DYNAMIC, unhashable
 from .errors import ExecutionError, runtime_error
@@ -105,17 +105,21 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             else:
                 new_bufs[buf] = views.write(base, val, shape, stride, offset)
 
-        def reread(part, slot):
-            """A list element read again, after the writes before it (_in_order)."""
-            idx, dtype, shape, stride, offset = part[:5]
-            buf = new_bufs.get(idx, bufs[idx])
-            if flat_math and len(shape) > 1:
+        def view(buf, part, slot):
+            """The tensor `part` describes, read from `buf` (at its run-time offset, where
+            it has one: at[slot])."""
+            _, dtype, shape, stride, offset = part[:5]
+            if flat_math and len(shape) > 1:  # see _shape_agnostic
                 shape, stride = (math.prod(shape),), (1,)
-            if offset == DYNAMIC:
+            if offset == DYNAMIC:  # a view at an offset given at run time
                 value = views.read_at(buf, shape, stride, at[slot], dtypes.to_jax(dtype))
             else:
                 value = views.read(buf, shape, stride, offset, dtypes.to_jax(dtype))
             return _resolve_flags(value, part[8])
+
+        def reread(part, slot):
+            """A list element read again, after the writes before it (_in_order)."""
+            return view(new_bufs.get(part[0], bufs[part[0]]), part, slot)
 
         def _in_order(values):
             """A foreach op whose written tensors overlap, one list element after another
@@ -147,15 +151,9 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
                 return jnp.asarray(next(dyn_iter), dtypes.to_jax(part[1]))
             if part[0] == "num":
                 return next(dyn_iter)
-            idx, dtype, shape, stride, offset = part[:5]
-            if flat_math and len(shape) > 1:  # see _shape_agnostic
-                shape, stride = (math.prod(shape),), (1,)
-            if offset == DYNAMIC:  # a view at an offset given at run time
+            if part[4] == DYNAMIC:
                 at[slot] = next(dyn_iter)
-                value = views.read_at(bufs[idx], shape, stride, at[slot], dtypes.to_jax(dtype))
-            else:
-                value = views.read(bufs[idx], shape, stride, offset, dtypes.to_jax(dtype))
-            return _resolve_flags(value, part[8])
+            return view(bufs[part[0]], part, slot)
 
         values = []
         for pos, (a, part) in enumerate(zip(spec.args, arg_parts)):
@@ -233,7 +231,7 @@ def _overlapping_foreach(spec: OpSpec, entry) -> int:
     for buf, _, shape, stride, offset, _ in entry.targets:
         if 0 in shape:
             continue
-        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        span = views.span(shape, stride)
         lo = None if offset == DYNAMIC else offset
         for lo2, hi2 in seen.get(buf, ()):
             if lo is None or lo2 is None or (lo < hi2 and lo2 < lo + span):
@@ -298,7 +296,7 @@ def _layout(value, shape, stride, dtype):
         value = jnp.zeros(shape, dtype)
     value = apply.broadcast_cast(value, shape, dtype)
     n = math.prod(shape)
-    if table.storage_numel(shape, stride) == n:
+    if views.span(shape, stride) == n:
         return views.to_flat(value, stride)
-    flat = jnp.zeros((table.storage_numel(shape, stride),), dtype)
+    flat = jnp.zeros((views.span(shape, stride),), dtype)
     return views.write(flat, value, shape, stride, 0)

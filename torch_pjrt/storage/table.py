@@ -214,7 +214,7 @@ def empty_strided(shape, stride, dtype: torch.dtype, device: int, value=None) ->
     """A new pjrt tensor with its own storage, holding `value` (a flat buffer) or nothing."""
     jdtype = dtypes.to_jax(dtype)
     dtypes.check_platform(dtype, client.platform())
-    nbytes = storage_numel(shape, stride) * jdtype.itemsize
+    nbytes = views.span(shape, stride) * jdtype.itemsize
     return new_tensor(shape, stride, dtype, jdtype, nbytes, device, value)
 
 
@@ -263,9 +263,4 @@ def _zeros(numel: int, dtype: np.dtype, device: int):
     return fn()
 
 
-def storage_numel(shape, stride) -> int:
-    """Elements of storage a view (shape, stride, offset 0) spans."""
-    if not all(shape):
-        return 0
-    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
 

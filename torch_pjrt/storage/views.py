@@ -175,6 +175,14 @@ def read(flat, shape: Shape, stride: Shape, offset: int, dtype=None):
     return jnp.broadcast_to(dense.reshape(kept), shape)
 
 
+def span(shape: Shape, stride: Shape) -> int:
+    """Elements of a buffer a view (shape, stride) covers from its offset to its last
+    element, both included: 0 for an empty view."""
+    if not all(shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
 def read_at(flat, shape: Shape, stride: Shape, offset, dtype=None):
     """A non-empty view at a run-time `offset` (a traced integer): one program serves the
     view at every offset that keeps it inside the buffer, as all of PyTorch's do
@@ -184,8 +192,7 @@ def read_at(flat, shape: Shape, stride: Shape, offset, dtype=None):
         flat = reinterpret(flat, dtype)
     if is_contiguous(shape, stride):
         return lax.dynamic_slice(flat, (offset,), (math.prod(shape),)).reshape(shape)
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-    return read(lax.dynamic_slice(flat, (offset,), (span,)), shape, stride, 0)
+    return read(lax.dynamic_slice(flat, (offset,), (span(shape, stride),)), shape, stride, 0)
 
 
 def _differs(a, b):
@@ -262,8 +269,8 @@ def write_at(flat, value, shape: Shape, stride: Shape, offset):
     flat = reinterpret(flat, value.dtype)
     if is_contiguous(shape, stride):
         return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-    seg = write(lax.dynamic_slice(flat, (offset,), (span,)), value, shape, stride, 0)
+    seg = write(lax.dynamic_slice(flat, (offset,), (span(shape, stride),)), value, shape,
+                stride, 0)
     return lax.dynamic_update_slice(flat, seg, (offset,))
 
 
