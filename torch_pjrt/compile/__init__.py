@@ -7,11 +7,15 @@ from .._after_import import after_import
 
 
 def start() -> None:
-    """Register the backend once PJRT has started (backend.py is not imported at
-    `import torch`)."""
-    from . import backend
+    """Register the backend with Dynamo once PJRT has started and Dynamo is imported (now,
+    if it is): importing Dynamo here would cost an eager process seconds."""
+    after_import("torch._dynamo", _register_backend)
 
-    backend.register()
+
+def _register_backend() -> None:
+    from . import dynamo_hooks
+
+    dynamo_hooks.register()
 
 
 def register_device_interface() -> None:

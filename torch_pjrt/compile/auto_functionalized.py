@@ -20,7 +20,7 @@ from torch._higher_order_ops import auto_functionalize as hop
 
 from ..eager import opspec
 from ..lowering import apply
-from ..storage import dtypes, table, views
+from ..storage import dtypes, views
 
 _TARGETS = (hop.auto_functionalized_v2,)
 
@@ -51,7 +51,7 @@ class Plan:
             if not isinstance(m, torch.Tensor) or _symbolic(m):
                 raise NotImplementedError(f"{op} on a base of symbolic size")
             shape, stride, offset = tuple(m.shape), tuple(m.stride()), m.storage_offset()
-            numel = table.storage_numel(shape, stride) + offset
+            numel = views.span(shape, stride) + offset
             self.bases.append((shape, stride, offset, dtypes.to_jax(m.dtype), numel))
             meta_bases.append(torch.empty((numel,), dtype=m.dtype, device="meta")
                               .as_strided(shape, stride, offset))

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
-import pkgutil
 import warnings
 from collections.abc import Iterator, Mapping
 
@@ -138,36 +136,3 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
                            keep_inference_input_mutations=True)
     with warm.scope() if cached else contextlib.nullcontext():
         return backend(gm, example_inputs)
-
-
-def register() -> None:
-    """Register the "pjrt" backend, and make the default backend (Inductor, which has no
-    code generator for this device) hand graphs of pjrt tensors to it."""
-    from torch._dynamo import list_backends, register_backend, trace_rules
-
-    if "pjrt" not in list_backends():
-        register_backend(compiler_fn=pjrt_backend, name="pjrt")
-    # The backend's own Python (dispatcher kernels, the executor, the runtime) runs when
-    # compiled code falls back to eager, e.g. during loss.backward() in a compiled step;
-    # Dynamo must run it, not try to compile it. (demo/ stays traceable: it is user code.)
-    for part in ("runtime", "storage", "eager", "lowering", "compile", "counters", "_env"):
-        trace_rules.add(f"torch_pjrt.{part}")
-    # torch_pjrt.kernels' machinery, not its examples (user-facing functions, traced).
-    kernels = importlib.util.find_spec("torch_pjrt.kernels").submodule_search_locations
-    for module in pkgutil.iter_modules(kernels):
-        if module.name != "examples":
-            trace_rules.add(f"torch_pjrt.kernels.{module.name}")
-    for package in ("jax", "jaxlib", "ml_dtypes"):  # what those kernels call
-        trace_rules.add(package)
-    wrapper = torch._TorchCompileInductorWrapper
-    if not getattr(wrapper.__call__, "_pjrt", False):
-        inductor_call = wrapper.__call__
-
-        @functools.wraps(inductor_call)
-        def call(self, model_, inputs_, **kwargs):
-            if any(isinstance(t, torch.Tensor) and t.device.type == "pjrt" for t in inputs_):
-                return pjrt_backend(model_, inputs_)
-            return inductor_call(self, model_, inputs_, **kwargs)
-
-        call._pjrt = True
-        wrapper.__call__ = call

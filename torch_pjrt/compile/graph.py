@@ -34,7 +34,7 @@ from ..eager import opspec, recompiles
 from ..lowering import apply, checks, registry
 from ..runtime import DEVICE_TYPE as _PJRT
 from ..runtime import watch
-from ..storage import dtypes, table, views
+from ..storage import dtypes, views
 from . import auto_functionalized, buckets
 
 _lib = torch.library.Library("pjrt_graphs", "DEF")
@@ -454,7 +454,7 @@ def _capacity(m: torch.Tensor, bindings: dict) -> int:
     """Elements of the flat buffer holding `m` at bucket sizes (and so at any true size
     of that bucket)."""
     shape, stride = concrete(m.shape, bindings), concrete(m.stride(), bindings)
-    return max(math.prod(shape), table.storage_numel(shape, stride))
+    return max(math.prod(shape), views.span(shape, stride))
 
 
 def _flat_output(node: torch.fx.Node, y, plan: buckets.Plan, truth: buckets.Truth):
