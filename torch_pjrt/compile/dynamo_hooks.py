@@ -15,19 +15,23 @@ import torch
 
 
 def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list):
-    """The Dynamo backend "pjrt" (backend.py's, imported at its first graph)."""
+    """backend.py's compiler, imported at the first graph of pjrt tensors the default
+    backend hands over."""
     from . import backend
 
     return backend.pjrt_backend(gm, example_inputs)
 
 
 def register() -> None:
-    """Register the "pjrt" backend, and make the default backend (Inductor, which has no
-    code generator for this device) hand graphs of pjrt tensors to it."""
-    from torch._dynamo import list_backends, register_backend, trace_rules
+    """Tell Dynamo what it must not trace, and make the default backend (Inductor, which
+    has no code generator for this device) hand graphs of pjrt tensors to "pjrt". Runs
+    right after `torch._dynamo`'s own code, which may be inside another module's import
+    (torch._functorch.aot_autograd imports Dynamo half-way through): it imports nothing
+    that torch._dynamo did not, so it never meets a half-imported module. Dynamo finds the
+    "pjrt" backend by name through the `torch_dynamo_backends` entry point (its list of
+    backends imports every backend module, aot_autograd's users among them: not here)."""
+    from torch._dynamo import trace_rules
 
-    if "pjrt" not in list_backends():
-        register_backend(compiler_fn=pjrt_backend, name="pjrt")
     # The backend's own Python (dispatcher kernels, the executor, the runtime) runs when
     # compiled code falls back to eager, e.g. during loss.backward() in a compiled step;
     # Dynamo must run it, not try to compile it. (demo/ stays traceable: it is user code.)

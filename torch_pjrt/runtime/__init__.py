@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from .._after_import import after_import
+
 DEVICE_TYPE = "pjrt"
 
 _lock = threading.RLock()
@@ -53,10 +55,20 @@ def register() -> None:
 
         device_trace.install(_native)  # torch.profiler's pjrt activity
         dumps.configure()
+        # PyTorch needs exact int64 and float64; JAX is 32-bit unless told otherwise. Set
+        # when anything imports JAX (the client does at the first pjrt use), not by
+        # importing it here: JAX's import is not paid by scripts that never use pjrt.
+        after_import("jax", _jax_64_bit)
         trigger = torch.library.Library("_", "IMPL", "PrivateUse1")
         trigger.fallback(_first_use)
         _libs.append(trigger)
         _registered = True
+
+
+def _jax_64_bit() -> None:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
 
 
 def _device_count() -> int:

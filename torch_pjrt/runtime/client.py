@@ -9,9 +9,7 @@ import jax
 from .. import _env
 from .platform import before_start, cpu_platform
 
-# PyTorch needs exact int64 and float64; JAX is 32-bit unless told otherwise.
-jax.config.update("jax_enable_x64", True)
-
+# (64-bit JAX: runtime.register() turns it on when JAX is imported)
 
 _own = [0]  # the index of this process's own device (its first, single-process)
 _foreign: set[int] = set()  # indices of other processes' devices
