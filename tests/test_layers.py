@@ -50,6 +50,14 @@ def _is_part(name: str) -> bool:
     return (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
 
 
+def _from_target(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` statement in `package` imports from."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imported_parts(module: str, is_package: bool, source: str) -> list[tuple[int, str]]:
     """(line, part of torch_pjrt) of every import of torch_pjrt in `source`."""
     package = module if is_package else module.rpartition(".")[0]
@@ -58,11 +66,7 @@ def imported_parts(module: str, is_package: bool, source: str) -> list[tuple[int
         if isinstance(node, ast.Import):
             targets = [(a.name, ()) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, package)
             targets = [(target, tuple(a.name for a in node.names))]
         else:
             continue
@@ -131,11 +135,7 @@ def import_edges(module: str, is_package: bool, source: str) -> list[tuple[int, 
                 found.extend((node.lineno, a.name, False) for a in node.names
                              if a.name.startswith("torch_pjrt"))
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
+                target = _from_target(node, package)
                 if not target.startswith("torch_pjrt"):
                     continue
                 for a in node.names:
