@@ -302,6 +302,10 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, key, meta)
                            f"{type_name(p.dtype)}")
     if meta[0].dtype != jnp.int64:
         raise RuntimeError(f"multinomial expects Long tensor out, got: {type_name(meta[0].dtype)}")
+    if p.ndim not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if p.shape[-1] > 2 ** 24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     if not replacement and num_samples > p.shape[-1]:
