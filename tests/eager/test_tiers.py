@@ -168,6 +168,45 @@ def test_a_new_process_runs_the_step_a_loop_compiled_in_the_background(tmp_path)
     assert int(warm_xla) == 0 and int(warm_pieces) <= 2 and int(warm_bg) == 0
 
 
+def test_a_new_process_runs_a_loop_whole_from_its_first_flush(tmp_path):
+    """A process that ran a loop until its whole graph's program compiled (after its pieces'
+    programs) leaves that program on disk; a new process runs the loop whole from its first
+    flush: not op by op, not in pieces, queueing no load for later (it ran the pieces for
+    some ten flushes before: a warm training loop's first steps ran slower than its cold
+    one's last)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        "import sys, torch, torch_pjrt\n"
+        f"sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]\n"
+        "from test_tiers import _generate, _weights\n"
+        "from torch_pjrt.eager import tiers\n"
+        "tiers.PREFER_OPS = 1e9\n"
+        "torch_pjrt.set_eager_mode('fused')\n"
+        "w = _weights('pjrt')\n"
+        "torch.pjrt.synchronize()\n"
+        "torch_pjrt.counters.reset()\n"
+        "calls = int(sys.argv[1])\n"
+        "for _ in range(calls):\n"
+        "    tokens = _generate(w, 20).tolist()\n"
+        "    torch_pjrt.wait_for_compiles()\n"
+        "m = torch_pjrt.metrics()\n"
+        "print('RESULT', tokens, m.get('xla_compiles', 0), m.get('tiered_pieces', 0),\n"
+        "      m.get('background_compiles_queued', 0), m.get('graph_loops_unrolling', 0))\n")
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_COMPILE_CACHE="1")
+    runs = []
+    for calls in (3, 2):
+        done = subprocess.run([sys.executable, "-c", code, str(calls)], capture_output=True,
+                              text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
+        tokens, counts = line.split("] ")
+        runs.append((tokens, [int(c) for c in counts.split()]))
+    (cold_tokens, cold), (warm_tokens, warm) = runs
+    assert cold_tokens == warm_tokens
+    assert cold[0] > 0 and cold[3] == 1  # the whole graph compiled, after the pieces
+    assert warm == [0, 0, 0, 0], warm  # no compile, nothing op by op, nothing queued
+
+
 def _mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.Dropout(0.0),

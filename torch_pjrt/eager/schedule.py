@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import counters
 from ..lowering import checks
-from ..runtime import compile_pool, device_trace, watch
+from ..runtime import compile_cache, compile_pool, device_trace, watch
 from . import loops, tiers
 from .program import Program, build
 
@@ -77,19 +77,32 @@ class Schedule:
     """The pieces of one graph structure, in order (and the whole graph as one piece, once
     that is compiled)."""
 
-    __slots__ = ("pieces", "outputs", "unrolled", "whole")
+    __slots__ = ("pieces", "outputs", "unrolled", "whole", "looked")
 
     def __init__(self, pieces: list[Piece], outputs: list[tuple], unrolled: tuple | None):
         self.pieces = pieces
         self.outputs = outputs
         self.unrolled = unrolled  # plan()'s arguments for the whole graph, where it may
         self.whole: Piece | None = None
+        self.looked = False  # the disk cache was asked for the whole graph's program
 
     def run(self, inputs: list, dyn: list, device: int, nodes: list) -> list:
         """The graph's outputs' values, in order, from its inputs and run-time values."""
         if len(self.pieces) == 1:
             return self.pieces[0].run(inputs, dyn, device, nodes)
         whole = self.whole
+        if whole is None and self.unrolled is not None and not self.looked:
+            # A warm process: an earlier one ran the pieces, then the whole graph's program,
+            # which is on disk: load it at the first run rather than after the pieces (it
+            # took a background load per flush, ten steps of a training loop, before).
+            self.looked = True
+            if not tiers.blocking():
+                whole = _single(*self.unrolled, nodes)
+                if compile_cache.stored(whole.program.name):
+                    self.whole = whole
+                    if whole.program.compiled is None and not whole.program.looked:
+                        whole.program.load([*[inputs[i] for i in whole.order], *dyn])
+                whole = self.whole
         if whole is not None and whole.program.compiled is not None:
             return whole.run(inputs, dyn, device, nodes)
         # (where compiles block, the pieces are the programs for good: see tiers.blocking)
