@@ -85,6 +85,10 @@ class Runner:
             start = time.perf_counter()
             losses = [self.step() for _ in range(steps)]
             values = [float(x.item()) for x in losses]
+            if self.device == "pjrt":
+                # the losses are ready before the backward and the optimizer step are: the
+                # chunk ends when all of its work has run (the next turn's pause hid it)
+                torch.pjrt.synchronize()
             return time.perf_counter() - start, values
 
 

@@ -66,6 +66,8 @@ class TorchTrainer:
         for x, y in batches:
             loss = self.step(x.to(self.device), y.to(self.device))
         value = loss.item()
+        if self.device == "pjrt":
+            torch.pjrt.synchronize()  # the last step's backward and optimizer step too
         seconds = time.perf_counter() - start
         if ctx is not None:
             ctx.__exit__(None, None, None)
