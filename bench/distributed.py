@@ -161,6 +161,8 @@ def ddp_step(groups: dict, rounds: int, steps: int, sync) -> dict:
             start, cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 step()
+            if device == "pjrt":
+                torch.pjrt.synchronize()  # the last step's backward and optimizer step
             return ((time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps)
 
         for _ in range(3):  # warm up: compile

@@ -82,6 +82,7 @@ class Step:
             loss.backward()
             self.opt.step()
             loss.item()
+        torch.pjrt.synchronize()  # the last step's backward and optimizer step
         return (time.perf_counter() - start) / len(batches)
 
 
