@@ -242,7 +242,9 @@ def markdown(report: dict) -> str:
              "Time per training step (for `generate`: per greedy generate) as a ratio to "
              "native CPU eager, median of the interleaved rounds; "
              f"{report['rounds']} rounds of {report['chunk']} steps after "
-             f"{report['warmup']} warm-up chunks. Load average before the run: "
+             f"{report['warmup']} warm-up chunks; a chunk on pjrt ends when the device has "
+             "run all of it (before December 6 it ended when the losses were read, which "
+             "left the last backward and optimizer step out). Load average before the run: "
              f"{report['load_before']}, after: {report['load_after']}.", "",
              "| model | native eager ms | " + " | ".join(others) + " |",
              "| --- | ---: | " + " | ".join("---:" for _ in others) + " |"]
