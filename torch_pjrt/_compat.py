@@ -81,3 +81,50 @@ def repeat_interleave_refusal(dtype: torch.dtype) -> tuple[type, str] | None:
     except Exception as e:  # noqa: BLE001 - the CPU's own error, raised again on pjrt
         return type(e), str(e)
     return None
+
+
+_DEFERRED_DISABLES: list = []  # functions marked by defer_dynamo_import, until Dynamo's import
+
+
+def defer_dynamo_import() -> None:
+    """PyTorch wraps its Python reference and meta kernels (add, exp, softmax... on meta
+    tensors: what fused eager's meta pass runs) in `torch._compile._disable_dynamo`, whose
+    first call imports torch._dynamo (and Inductor with it: 0.75 s on the 2-core Xeon,
+    3.5 s at load) to build the wrapper that keeps Dynamo from tracing them. Native CPU
+    eager runs no such kernel; a pjrt process paid that import at its first op. Before
+    Dynamo is imported nothing can trace anything, so until then each wrapped function is
+    marked as its own disabled form (the wrapper reads the mark from `__dynamo_disable`),
+    and the marks are taken back once Dynamo's module has run, so that the wrappers build
+    Dynamo's own from then on (compile.start's hook runs then too). Only where this torch's
+    wrapper reads that mark; functions wrapped after this call keep importing Dynamo."""
+    import gc
+    import sys
+    import types
+
+    from ._after_import import after_import
+
+    if "torch._dynamo" in sys.modules:
+        return
+    probe = getattr(getattr(torch, "_compile", None), "_disable_dynamo", None)
+    code = getattr(probe(lambda: None), "__code__", None) if probe is not None else None
+    if code is None or "__dynamo_disable" not in code.co_consts or \
+            "fn" not in code.co_freevars:
+        return
+    slot = code.co_freevars.index("fn")
+    for obj in gc.get_objects():
+        if type(obj) is types.FunctionType and obj.__code__ is code:
+            fn = obj.__closure__[slot].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                try:
+                    setattr(fn, "__dynamo_disable", fn)
+                except (AttributeError, TypeError):
+                    continue
+                _DEFERRED_DISABLES.append(fn)
+    after_import("torch._dynamo", _undefer_dynamo_import)
+
+
+def _undefer_dynamo_import() -> None:
+    for fn in _DEFERRED_DISABLES:
+        if getattr(fn, "__dynamo_disable", None) is fn:
+            delattr(fn, "__dynamo_disable")
+    _DEFERRED_DISABLES.clear()

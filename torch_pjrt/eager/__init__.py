@@ -9,12 +9,13 @@ def start() -> None:
     the fused graph: the storage table's reads flush it, synchronize() runs it, waits for
     the storages' buffers and raises the device-side checks' errors. Imports here, not at
     `import torch`: the autoload stays cheap."""
-    from .. import runtime
+    from .. import _compat, runtime
     from ..lowering import checks
     from ..runtime import sync
     from ..storage import table
     from . import dispatch, executor, graph, modes
 
+    _compat.defer_dynamo_import()  # the meta pass's Python kernels: not Dynamo's import
     native = runtime.shim()
     table.install(native, graph.flush)
     graph.configure()
