@@ -409,3 +409,35 @@ def test_the_settings_and_their_defaults(monkeypatch):
         monkeypatch.undo()
         tiers.configure()
         loops.configure()
+
+
+def test_attention_without_dropout_runs_op_by_op_on_its_quick_program():
+    """SDPA takes an RNG key for its dropout; with dropout_p 0 (inference, a KV-cache
+    decode step) it draws nothing, so op by op it runs on its quick program like any other
+    op (a random op keeps its one program: its draws and what it computes from them must
+    be the same bits in every program). HF's generate compiled one default-options
+    attention program per decode step: 150-300 ms each."""
+    from torch_pjrt.eager import op_cache
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 3, 7, 24, generator=g) for _ in range(3))  # shapes of its own
+    before = set(op_cache.cache)
+
+    def attend(q, k, v):  # a graph of several ops (one alone runs its strict program)
+        return F.scaled_dot_product_attention(q * 2, k, v, is_causal=True) + 1
+
+    expected = attend(q, k, v)
+    graph.forget()
+    got = attend(*(t.to("pjrt") for t in (q, k, v)))
+    torch.testing.assert_close(got.cpu(), expected)
+    assert torch_pjrt.metrics()["tiered_ops"] >= 1
+    torch.manual_seed(1)
+    dropped = F.scaled_dot_product_attention(*(t.to("pjrt") for t in (q, k, v)),
+                                             dropout_p=0.5).cpu()
+    assert (dropped == 0).any() or dropped.abs().sum() > 0
+    entries = [e for k, e in op_cache.cache.items()
+               if k not in before and "fused_attention_overrideable." in e.name]
+    drawing = [e for e in entries if e.draws]
+    plain = [e for e in entries if not e.draws]
+    assert plain and all(e.quick is not None and e.quick is not e.fn for e in plain)
+    assert drawing and all(e.quick in (None, e.fn) for e in drawing)

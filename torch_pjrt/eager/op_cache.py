@@ -26,7 +26,7 @@ class Entry:
                  "targets", "target_slots", "written", "donate", "resize", "checks", "checked",
                  "name",
                  "digest", "device", "signature", "values", "random", "call", "ordered",
-                 "alias_return", "products", "jaxpr", "alone", "quick")
+                 "alias_return", "products", "jaxpr", "alone", "quick", "draws")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -43,6 +43,7 @@ class Entry:
         self.signature = ""  # the op and its input shapes, for recompile messages
         self.values: dict[int, Any] = {}  # non-tensor returns (from the meta kernel)
         self.random = False  # the lowering takes an RNG key
+        self.draws = False  # and draws random bits with it (not SDPA without dropout)
         self.products = False  # the lowering computes matrix products (cpu_kernels)
         # (shape, stride, torch dtype, jax dtype, storage bytes) of each fresh output
         self.outs: list[tuple] = []
@@ -202,9 +203,20 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.n_results = len(entry.result_avals)
     entry.name = str(spec.op)
     entry.random = spec.lowering.random
+    entry.draws = entry.random and _draws(spec, values)
     entry.alone = not spec.lowering.eager
     entry.signature = signature_text(spec, key)
     return entry
+
+
+def _draws(spec, values: list) -> bool:
+    """Whether a random op's call draws bits: where its lowering names the static argument
+    it draws with (draws_if), only if that is nonzero."""
+    name = spec.lowering.draws_if
+    if name is None:
+        return True
+    value = next((v for a, v in zip(spec.args, values) if a.name == name), None)
+    return bool(value)
 
 
 def _fresh_strides(spec, metas: list) -> dict[int, tuple]:
@@ -241,10 +253,11 @@ def _refuse_resizing_an_input(spec, values: list, resize: list) -> None:
 
 def quick(entry: Entry) -> _Launcher:
     """The entry's program compiled quickly (its own one where that is all there is, and
-    for random ops: their draws are the same bits in every program that makes them)."""
+    for ops that draw random bits: the draws and what the op computes from them are the
+    same bits in every program that makes them)."""
     if entry.quick is None:
         options = compile_cache.quick_options()
-        if not options or entry.random:
+        if not options or entry.draws:
             entry.quick = entry.fn
         else:
             digest = compile_cache.digest((entry.digest, options), entry.device)

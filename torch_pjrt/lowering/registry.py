@@ -37,6 +37,9 @@ class Lowering:
     # fn takes contiguous= (for each tensor argument in schema order, whether PyTorch sees it
     # contiguous: the few ops whose results PyTorch defines by the input's strides)
     wants_layout: bool = False
+    # random ops that draw only where this static argument is nonzero (a dropout
+    # probability): with it zero the program draws nothing (eager/op_cache.py: quick)
+    draws_if: str | None = None
 
 
 _TABLE: dict[OpOverload, Lowering] = {}
@@ -51,6 +54,7 @@ def lower(
     eager: bool = True,
     dynamic: Iterable[str] = (),
     products: bool = False,
+    draws_if: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each listed overload.
 
@@ -58,7 +62,9 @@ def lower(
     are run-time inputs; `static=` makes Scalars static, `dynamic=` makes float or int
     arguments run-time inputs (an optimizer's lr, so a scheduler does not recompile).
     `products=True` marks a lowering that computes matrix products: on XLA:CPU only the
-    programs of such ops are searched for products to hand to MKL (runtime/cpu_kernels.py)."""
+    programs of such ops are searched for products to hand to MKL (runtime/cpu_kernels.py).
+    `draws_if=` names the static argument without which a `random=True` op draws nothing
+    (SDPA's dropout_p: attention at inference takes a key and draws no bits)."""
     if promote is not None and promote not in PROMOTIONS:
         raise ValueError(f"lower: unknown promotion {promote!r}; accepted: {PROMOTIONS}")
 
@@ -75,7 +81,7 @@ def lower(
             _TABLE[op] = Lowering(
                 op, fn, promote, tuple(operands) if operands is not None else None,
                 frozenset(static), random, wants_meta, eager, frozenset(dynamic), products,
-                wants_layout,
+                wants_layout, draws_if,
             )
         return fn
 

@@ -381,7 +381,8 @@ def use_kernel(kernel) -> None:
 
 
 # -------------------------------------------------------------- the ops
-@lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True, products=True)
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True, products=True,
+       draws_if="dropout_p")
 def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
                             return_debug_mask=False, *, scale=None, key):
     if _kernel is not None and _kernel.applies(q, k, v, attn_bias, dropout_p):
