@@ -134,9 +134,10 @@ def test_a_loop_whose_shapes_change_every_flush_queues_no_compile_per_flush():
     assert m["background_compiles_queued"] == 1  # the first flush's (nothing told it yet)
 
 
-def test_a_new_process_runs_the_step_a_loop_compiled_in_the_background(tmp_path):
-    """The first flush of a decode loop leaves its step's fused program on disk; a new
-    process loads it and runs the steps fused, compiling nothing."""
+def _decode_in_new_processes(cache_dir, calls: tuple[int, ...], counters: tuple[str, ...]):
+    """The zoo-like decode loop (_generate, 20 steps) run in one new process per element of
+    `calls` (that many generates each, waiting for the background compiles after each) on
+    one compile cache directory: per process, its tokens and these counters."""
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         "import sys, torch, torch_pjrt\n"
@@ -148,24 +149,34 @@ def test_a_new_process_runs_the_step_a_loop_compiled_in_the_background(tmp_path)
         "w = _weights('pjrt')\n"
         "torch.pjrt.synchronize()\n"
         "torch_pjrt.counters.reset()\n"
-        "tokens = _generate(w, 20).tolist()\n"
-        "torch_pjrt.wait_for_compiles()\n"
+        "for _ in range(int(sys.argv[1])):\n"
+        "    tokens = _generate(w, 20).tolist()\n"
+        "    torch_pjrt.wait_for_compiles()\n"
         "m = torch_pjrt.metrics()\n"
-        "print('RESULT', tokens, m.get('xla_compiles', 0), m.get('tiered_pieces', 0),\n"
-        "      m.get('background_compiles', 0))\n")
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_COMPILE_CACHE="1")
+        f"print('RESULT', tokens, *[m.get(k, 0) for k in {list(counters)!r}])\n")
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache_dir), TORCH_PJRT_COMPILE_CACHE="1")
     runs = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, env=env)
+    for n in calls:
+        done = subprocess.run([sys.executable, "-c", code, str(n)], capture_output=True,
+                              text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
-        runs.append(line.split("] ")[1].split() + [line])
-    (cold_xla, cold_pieces, cold_bg, cold), (warm_xla, warm_pieces, warm_bg, warm) = runs
-    assert cold.split("] ")[0] == warm.split("] ")[0]  # the same tokens
-    assert int(cold_xla) > 0 and int(cold_pieces) >= 19 and int(cold_bg) == 1
+        tokens, counts = line.split("] ")
+        runs.append((tokens, [int(c) for c in counts.split()]))
+    return runs
+
+
+def test_a_new_process_runs_the_step_a_loop_compiled_in_the_background(tmp_path):
+    """The first flush of a decode loop leaves its step's fused program on disk; a new
+    process loads it and runs the steps fused, compiling nothing."""
+    (cold_tokens, cold), (warm_tokens, warm) = _decode_in_new_processes(
+        tmp_path, (1, 1), ("xla_compiles", "tiered_pieces", "background_compiles"))
+    assert cold_tokens == warm_tokens
+    cold_xla, cold_pieces, cold_bg = cold
+    warm_xla, warm_pieces, warm_bg = warm
+    assert cold_xla > 0 and cold_pieces >= 19 and cold_bg == 1
     # warm: nothing compiled; the steps ran fused, only the prefix and the rest op by op
-    assert int(warm_xla) == 0 and int(warm_pieces) <= 2 and int(warm_bg) == 0
+    assert warm_xla == 0 and warm_pieces <= 2 and warm_bg == 0
 
 
 def test_a_new_process_runs_a_loop_whole_from_its_first_flush(tmp_path):
@@ -174,34 +185,9 @@ def test_a_new_process_runs_a_loop_whole_from_its_first_flush(tmp_path):
     flush: not op by op, not in pieces, queueing no load for later (it ran the pieces for
     some ten flushes before: a warm training loop's first steps ran slower than its cold
     one's last)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = (
-        "import sys, torch, torch_pjrt\n"
-        f"sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]\n"
-        "from test_tiers import _generate, _weights\n"
-        "from torch_pjrt.eager import tiers\n"
-        "tiers.PREFER_OPS = 1e9\n"
-        "torch_pjrt.set_eager_mode('fused')\n"
-        "w = _weights('pjrt')\n"
-        "torch.pjrt.synchronize()\n"
-        "torch_pjrt.counters.reset()\n"
-        "calls = int(sys.argv[1])\n"
-        "for _ in range(calls):\n"
-        "    tokens = _generate(w, 20).tolist()\n"
-        "    torch_pjrt.wait_for_compiles()\n"
-        "m = torch_pjrt.metrics()\n"
-        "print('RESULT', tokens, m.get('xla_compiles', 0), m.get('tiered_pieces', 0),\n"
-        "      m.get('background_compiles_queued', 0), m.get('graph_loops_unrolling', 0))\n")
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_COMPILE_CACHE="1")
-    runs = []
-    for calls in (3, 2):
-        done = subprocess.run([sys.executable, "-c", code, str(calls)], capture_output=True,
-                              text=True, timeout=300, env=env)
-        assert done.returncode == 0, done.stderr[-2000:]
-        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
-        tokens, counts = line.split("] ")
-        runs.append((tokens, [int(c) for c in counts.split()]))
-    (cold_tokens, cold), (warm_tokens, warm) = runs
+    (cold_tokens, cold), (warm_tokens, warm) = _decode_in_new_processes(
+        tmp_path, (3, 2), ("xla_compiles", "tiered_pieces", "background_compiles_queued",
+                           "graph_loops_unrolling"))
     assert cold_tokens == warm_tokens
     assert cold[0] > 0 and cold[3] == 1  # the whole graph compiled, after the pieces
     assert warm == [0, 0, 0, 0], warm  # no compile, nothing op by op, nothing queued
