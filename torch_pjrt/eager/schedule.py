@@ -77,39 +77,33 @@ class Schedule:
     """The pieces of one graph structure, in order (and the whole graph as one piece, once
     that is compiled)."""
 
-    __slots__ = ("pieces", "outputs", "unrolled", "whole", "looked")
+    __slots__ = ("pieces", "outputs", "unrolled", "whole")
 
     def __init__(self, pieces: list[Piece], outputs: list[tuple], unrolled: tuple | None):
         self.pieces = pieces
         self.outputs = outputs
         self.unrolled = unrolled  # plan()'s arguments for the whole graph, where it may
         self.whole: Piece | None = None
-        self.looked = False  # the disk cache was asked for the whole graph's program
 
     def run(self, inputs: list, dyn: list, device: int, nodes: list) -> list:
         """The graph's outputs' values, in order, from its inputs and run-time values."""
         if len(self.pieces) == 1:
             return self.pieces[0].run(inputs, dyn, device, nodes)
         whole = self.whole
-        if whole is None and self.unrolled is not None and not self.looked:
-            # A warm process: an earlier one ran the pieces, then the whole graph's program,
-            # which is on disk: load it at the first run rather than after the pieces (it
-            # took a background load per flush, ten steps of a training loop, before).
-            self.looked = True
-            if not tiers.blocking():
-                whole = _single(*self.unrolled, nodes)
-                if compile_cache.stored(whole.program.name):
-                    self.whole = whole
-                    if whole.program.compiled is None and not whole.program.looked:
-                        whole.program.load([*[inputs[i] for i in whole.order], *dyn])
-                whole = self.whole
+        # (where compiles block, the pieces are the programs for good: see tiers.blocking)
+        if whole is None and self.unrolled is not None and not tiers.blocking():
+            self.whole = whole = _single(*self.unrolled, nodes)
+            # A warm process: an earlier one ran the pieces, then the whole graph's
+            # program, which is on disk: load it at the first run rather than after the
+            # pieces (it took a background load a flush later, ten steps of a training
+            # loop, before).
+            prog = whole.program
+            if prog.compiled is None and not prog.looked and compile_cache.stored(prog.name):
+                prog.load([*[inputs[i] for i in whole.order], *dyn])
         if whole is not None and whole.program.compiled is not None:
             return whole.run(inputs, dyn, device, nodes)
-        # (where compiles block, the pieces are the programs for good: see tiers.blocking)
-        if self.unrolled is not None and not tiers.blocking() and all(
+        if whole is not None and not tiers.blocking() and all(
                 p.program.compiled is not None for p in self.pieces):
-            if whole is None:
-                self.whole = whole = _single(*self.unrolled, nodes)
             prog = whole.program
             if prog.job is None and prog.failed is None:
                 prog.compile_in_background([*[inputs[i] for i in whole.order], *dyn])
