@@ -66,12 +66,23 @@ def _call_op(spec: OpSpec, values: list):
     return spec.op.overloadpacket(*pos, **kw)
 
 
-def run_meta(spec: OpSpec, values: list):
-    """The op on meta tensors: PyTorch's checks and output metadata, without data."""
-    metas = [_meta_value(a, v) for a, v in zip(spec.args, values)]
+def meta_args(spec: OpSpec, values: list) -> list:
+    """The call's arguments as the meta kernel takes them: meta tensors for its tensors."""
+    return [_meta_value(a, v) for a, v in zip(spec.args, values)]
+
+
+def check_arguments(spec: OpSpec, values: list) -> None:
+    """The CPU's checks of the call's numbers that neither the meta kernel nor the
+    signature holds (randperm's n against its out= dtype, ...): raise as the CPU does."""
     precheck = _CPU_ARGUMENT_CHECKS.get(str(spec.op))
     if precheck is not None:
         precheck(values)
+
+
+def run_meta(spec: OpSpec, values: list):
+    """The op on meta tensors: PyTorch's checks and output metadata, without data."""
+    metas = meta_args(spec, values)
+    check_arguments(spec, values)
     accept = _CPU_ACCEPTS.get(str(spec.op))
     if accept is not None and (written := accept(values)) is not None:
         return metas, metas[written]

@@ -10,12 +10,13 @@ from typing import Any
 import jax
 import torch
 
+from .. import counters
 from ..lowering import apply
-from ..runtime import client, compile_cache, cpu_kernels, watch
+from ..runtime import client, compile_cache, cpu_kernels, warm_start, watch
 from ..storage import dtypes, views
-from . import opspec, recompiles, trace
+from . import meta_record, opspec, recompiles, trace
 from .call_key import Call, signature_text, tensor_parts
-from .meta import cpu_check, flat_tensors, fresh_outputs, run_meta
+from .meta import check_arguments, cpu_check, flat_tensors, fresh_outputs, run_meta
 from .opspec import OPT_TENSOR_LIST, TENSOR, TENSOR_LIST
 
 
@@ -119,10 +120,26 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     writes, the buffers it donates, its traced lowering (compiled at the first launch)."""
     default_dtype_changed()  # where it changed without torch.set_default_dtype
     spec, values = call.spec, call.values
-    metas, meta_out = run_meta(spec, values)
-    error = cpu_check(spec, values, meta_out, len(call.recs))
-    if error is not None:
-        raise error
+    # the disk's programs too are per default dtype (float32's keep their old names)
+    default = torch.get_default_dtype()
+    named = (key, call.device) if default == torch.float32 else (key, call.device, str(default))
+    digest = compile_cache.digest(named, call.device)
+    record = warm_start.layout(digest)
+    decoded = meta_record.decode(spec, values, call.dyn, record) if record is not None else None
+    if decoded is not None:  # an earlier process ran the meta kernel, the checks, promotion
+        check_arguments(spec, values)
+        metas, meta_out, compute = decoded
+        counters.count("meta_records_used")
+    else:
+        metas, meta_out = run_meta(spec, values)
+        error = cpu_check(spec, values, meta_out, len(call.recs))
+        if error is not None:
+            raise error
+        first = flat_tensors(meta_out)
+        compute = apply.promotion(spec, metas, first[0].dtype if first else None)
+        record = meta_record.encode(spec, metas, meta_out, compute, call.dyn)
+        if record is not None:
+            warm_start.note_layout(digest, record)
     entry = Entry()
 
     # Out tensors PyTorch would resize: resize them (to the strides of the functional op's
@@ -170,8 +187,6 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.single = (not entry.written and len(returns) == 1 and returns[0].alias_info is None
                     and opspec._kind(returns[0].type) == TENSOR)
 
-    first = flat_tensors(meta_out)
-    compute = apply.promotion(spec, metas, first[0].dtype if first else None)
     # What the lowering computes: the written tensors' values, else the fresh outputs.
     if spec.mutated:
         computed = [m for pos in spec.mutated for m in
@@ -188,10 +203,7 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.products = spec.lowering.products
     jitted = jax.jit(cpu_kernels.rewrite(traced, entry.products), out_shardings=sharding,
                      donate_argnums=tuple(range(len(entry.donate))))
-    # the disk's programs too are per default dtype (float32's keep their old names)
-    default = torch.get_default_dtype()
-    named = (key, call.device) if default == torch.float32 else (key, call.device, str(default))
-    entry.digest = compile_cache.digest(named, call.device)
+    entry.digest = digest
     entry.device = call.device
     entry.fn = _Launcher(jitted, None if entry.ordered else entry.order, entry)
     entry.trace = traced

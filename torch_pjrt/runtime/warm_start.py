@@ -8,12 +8,20 @@ new signature where the op is recorded (so that its errors are the op's); a warm
 skips what an earlier one traced cleanly. Appended by every process; a line that is not
 a digest (a torn write, a bad block) makes the note damaged: it is rewritten with its good
 lines, with one warning.
+
+`layouts` (beside it): what the meta kernel said of an op signature (its outputs' shapes,
+strides and dtypes: eager/meta_record.py encodes it), one `digest json` a line. A warm
+process takes a signature's entry from it instead of running PyTorch's meta kernel and
+the CPU's checks again, which cost milliseconds an op on a first call (Python
+decompositions, their imports). Written only after both passed, so it stands for the
+same checks an op cache hit in one process stands for.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from . import cache_files, compile_cache
 
@@ -21,8 +29,13 @@ _TRACED_FILE = "traced"
 NOTE = "xla/" + _TRACED_FILE  # its path under the cache root (shipped caches carry it)
 _TRACED_MAX_BYTES = 8 << 20  # past this the file starts over (only re-tracing is lost)
 _LINE = re.compile(rb"([0-9a-f]{64})( c)?")  # compile_cache.digest(), checks data
+_LAYOUTS_FILE = "layouts"
+LAYOUTS_NOTE = "xla/" + _LAYOUTS_FILE
+_LAYOUTS_MAX_BYTES = 16 << 20
+_LAYOUT_LINE = re.compile(rb"([0-9a-f]{64}) (\[[ -~]*\])")  # digest, JSON (ASCII)
 
 _traced: dict[str, bool] | None = None  # digest -> whether its program checks data
+_layouts: dict[str, bytes] | None = None  # digest -> its layout's JSON
 
 
 def _file(name: str) -> str:
@@ -43,25 +56,33 @@ def checks_data(name: str) -> bool:
     return traced_before(name) and _traced[name]
 
 
-def _read_note() -> dict[str, bool]:
-    path = _file(_TRACED_FILE)
-    data = cache_files.read(path, compile_cache.root(), "note of traced ops", "traced_note")
+def _read_lines(name: str, what: str, counter: str, line: re.Pattern, lines_are: str
+                ) -> list[re.Match]:
+    """The note's lines that match `line`; one that does not (a torn write, a bad block)
+    makes the note damaged: rewritten with its good lines, with one warning."""
+    path = _file(name)
+    data = cache_files.read(path, compile_cache.root(), what, counter)
     if data is None:
-        return {}
+        return []
     lines = data.split(b"\n")
     lines.pop()  # after the last newline: nothing, or a line another process writes now
-    good = [line for line in lines if _LINE.fullmatch(line)]
+    good = [m for m in map(line.fullmatch, lines) if m is not None]
     if len(good) < len(lines):
-        bad = next(line for line in lines if not _LINE.fullmatch(line))
-        cache_files.damaged(path, "note of traced ops", "traced_note",
-                            f"{len(lines) - len(good)} of {len(lines)} lines are not digests, "
-                            f"e.g. {bad[:80]!r}", keep=True)
-        names = sorted(set(good))
-        cache_files.replace(path, compile_cache.root(), b"".join(n + b"\n" for n in names))
+        bad = next(text for text in lines if not line.fullmatch(text))
+        cache_files.damaged(path, what, counter,
+                            f"{len(lines) - len(good)} of {len(lines)} lines are not "
+                            f"{lines_are}, e.g. {bad[:80]!r}", keep=True)
+        kept = sorted({m.group(0) for m in good})
+        cache_files.replace(path, compile_cache.root(), b"".join(k + b"\n" for k in kept))
+    return good
+
+
+def _read_note() -> dict[str, bool]:
     found: dict[str, bool] = {}
-    for line in good:
-        digest, checked = _LINE.fullmatch(line).groups()
-        found[digest.decode()] = found.get(digest.decode(), False) or checked is not None
+    for m in _read_lines(_TRACED_FILE, "note of traced ops", "traced_note", _LINE,
+                        "digests"):
+        digest, checked = m.group(1).decode(), m.group(2) is not None
+        found[digest] = found.get(digest, False) or checked
     return found
 
 
@@ -78,22 +99,66 @@ def note_traced(name: str, checks_data: bool) -> None:
                        _TRACED_MAX_BYTES)
 
 
-def merge(data: bytes) -> int:
-    """Add the digests of another cache's note (a shipped cache: runtime/cache_bundle.py)
-    that this one lacks; lines that are not digests are left out. Returns how many."""
-    global _traced
-    have = _read_note() if compile_cache.enabled() else {}
-    new = [line for line in data.split(b"\n") if _LINE.fullmatch(line)
-           and line.split(b" ")[0].decode() not in have]
+def _merged(data: bytes, name: str, line: re.Pattern, have: Callable[[], dict],
+            max_bytes: int) -> int:
+    """Append another cache's lines of a note (a shipped cache: runtime/cache_bundle.py)
+    whose digests this one lacks; lines not well formed are left out. Returns how many."""
+    known = have() if compile_cache.enabled() else {}
+    new = [text for text in data.split(b"\n") if line.fullmatch(text)
+           and text[:64].decode() not in known]
     if new and compile_cache.enabled():
-        cache_files.append(_file(_TRACED_FILE), compile_cache.root(),
-                           b"".join(line + b"\n" for line in new), _TRACED_MAX_BYTES)
-        _traced = None  # read again at the next lookup
+        cache_files.append(_file(name), compile_cache.root(),
+                           b"".join(text + b"\n" for text in new), max_bytes)
     return len(new)
+
+
+def merge(data: bytes) -> int:
+    """The traced-ops note of a shipped cache, added to this one's."""
+    global _traced
+    n = _merged(data, _TRACED_FILE, _LINE, _read_note, _TRACED_MAX_BYTES)
+    if n:
+        _traced = None  # read again at the next lookup
+    return n
+
+
+def _read_layouts() -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    for m in _read_lines(_LAYOUTS_FILE, "note of op layouts", "layout_note", _LAYOUT_LINE,
+                        "digests with a layout"):
+        found.setdefault(m.group(1).decode(), m.group(2))
+    return found
+
+
+def layout(name: str) -> bytes | None:
+    """The JSON an earlier process (or this one) noted for op signature `name`, if any."""
+    global _layouts
+    if _layouts is None:
+        _layouts = _read_layouts() if compile_cache.enabled() else {}
+    return _layouts.get(name)
+
+
+def note_layout(name: str, text: bytes) -> None:
+    """Record what the meta kernel said of `name` (`text`: ASCII JSON, one line)."""
+    if layout(name) is not None:
+        return
+    _layouts[name] = text
+    if compile_cache.enabled():
+        cache_files.append(_file(_LAYOUTS_FILE), compile_cache.root(),
+                           name.encode() + b" " + text + b"\n", _LAYOUTS_MAX_BYTES)
+
+
+def merge_layouts(data: bytes) -> int:
+    """The layouts note of a shipped cache, added to this one's."""
+    global _layouts
+    n = _merged(data, _LAYOUTS_FILE, _LAYOUT_LINE, _read_layouts, _LAYOUTS_MAX_BYTES)
+    if n:
+        _layouts = None
+    return n
 
 
 def forget() -> None:
     """The cache was cleared: drop what was learnt from it."""
-    global _traced
+    global _traced, _layouts
     cache_files.remove(_file(_TRACED_FILE))
-    _traced = None
+    cache_files.remove(_file(_LAYOUTS_FILE))
+    _traced = _layouts = None
