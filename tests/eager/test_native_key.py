@@ -125,3 +125,41 @@ def test_python_ints_past_int64_meet_uint64_tensors(mode):
         assert torch.equal((t == 2 ** 64 - 1).cpu(), cpu == 2 ** 64 - 1)
         assert torch.equal(t.ne(2 ** 63).cpu(), cpu.ne(2 ** 63))
         assert torch.equal((t.float() < 2 ** 64 - 1).cpu(), cpu.float() < 2 ** 64 - 1)
+
+
+# numbers of every range: each bound, either side of it, NaN and the infinities
+_NUMBERS = [5, 100, 127, 128, 255, 256, -1, -128, -129, 32767, 32768, 65504, 65505, 70000,
+            2 ** 31, 2 ** 53 + 1, 2.5, -0.5, 127.5, 300.0, 65504.0, 65520.0, 1e10, -1e10,
+            3.4e38, 3.5e38, float("inf"), float("-inf"), float("nan")]
+_CONVERTING = {
+    "fill_": lambda x, v: x.fill_(v),
+    "add_ alpha": lambda x, v: x.add_(torch.ones_like(x), alpha=v),
+    "masked_fill": lambda x, v: x.masked_fill(torch.tensor([True, False], device=x.device), v),
+    "full_like": lambda x, v: torch.full_like(x, v),
+}
+
+
+def _outcome(fn, x, v):
+    try:
+        return fn(x, v).cpu()
+    except (RuntimeError, OverflowError) as e:
+        return type(e).__name__ + ": " + str(e).split("\n")[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32,
+                                   torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("op", _CONVERTING)
+def test_numbers_an_op_converts_are_checked_at_every_call(mode, op, dtype):
+    """A signature's entry was checked at its first call only: int8's fill_(1000) after
+    fill_(5) returned -24 where the CPU raises "value cannot be converted to type int8_t
+    without overflow". The key holds each run-time number's range (eager/scalars.py), so a
+    number of another range is checked again; every number twice (a native hit), in an
+    order that puts out-of-range numbers after in-range ones of the same type."""
+    fn = _CONVERTING[op]
+    for v in _NUMBERS + _NUMBERS:
+        want = _outcome(fn, torch.zeros(2, dtype=dtype), v)
+        got = _outcome(fn, torch.zeros(2, dtype=dtype, device="pjrt"), v)
+        if isinstance(want, str) or isinstance(got, str):
+            assert got == want, (v, got, want)
+        else:
+            torch.testing.assert_close(got, want, equal_nan=True, msg=lambda m, v=v: f"{v}: {m}")

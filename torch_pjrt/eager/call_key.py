@@ -29,7 +29,7 @@ from .opspec import (
     TENSOR_LIST,
     OpSpec,
 )
-from .scalars import INT64_MAX
+from .scalars import INT64_MAX, range_of
 
 _records = table._records
 DYNAMIC = "dyn"  # in a tensor part's offset place: the offset is a run-time value
@@ -117,6 +117,7 @@ def key_of(call: Call) -> tuple:
     """The call's key, filling `call` with its storages, device and run-time values."""
     spec = call.spec
     parts: list = [spec.op]
+    ranges: list[int] = []
     dyn = call.dyn
     bufidx = call.bufidx
     for kind, a, v in zip(spec.kinds, spec.args, call.values):
@@ -147,6 +148,7 @@ def key_of(call: Call) -> tuple:
                     v = np.uint64(v)  # Python int as int64 and overflows
                 dyn.append(v)
                 parts.append(type(v))
+                ranges.append(range_of(v))
         elif kind == OPT_TENSOR:
             parts.append(None if v is None else call.tensor_part(v, a.write))
         elif kind == TENSOR_LIST or kind == OPT_TENSOR_LIST:
@@ -159,7 +161,21 @@ def key_of(call: Call) -> tuple:
             parts.append(GENERATOR)
         else:
             parts.append(_hashable(v))
+    if ranges:
+        parts.append((RANGES, tuple(ranges)))
     return tuple(parts)
+
+
+RANGES = "ranges"  # the last key part's tag: the run-time numbers' ranges (scalars.range_of)
+
+
+def program_key(key: tuple) -> tuple:
+    """The key without its numbers' ranges: what the op's program depends on (a number of
+    another range reruns the checks, not the compile)."""
+    last = key[-1]
+    if type(last) is tuple and len(last) == 2 and last[0] is RANGES:
+        return key[:-1]
+    return key
 
 
 def _hashable(v):

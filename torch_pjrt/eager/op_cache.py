@@ -15,7 +15,7 @@ from ..lowering import apply
 from ..runtime import client, compile_cache, cpu_kernels, warm_start, watch
 from ..storage import dtypes, views
 from . import meta_record, opspec, recompiles, trace
-from .call_key import Call, signature_text, tensor_parts
+from .call_key import Call, program_key, signature_text, tensor_parts
 from .meta import check_arguments, cpu_check, flat_tensors, fresh_outputs, run_meta
 from .opspec import OPT_TENSOR_LIST, TENSOR, TENSOR_LIST
 
@@ -122,7 +122,9 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     spec, values = call.spec, call.values
     # the disk's programs too are per default dtype (float32's keep their old names)
     default = torch.get_default_dtype()
-    named = (key, call.device) if default == torch.float32 else (key, call.device, str(default))
+    stable = program_key(key)
+    named = (stable, call.device) if default == torch.float32 else \
+        (stable, call.device, str(default))
     digest = compile_cache.digest(named, call.device)
     record = warm_start.layout(digest)
     decoded = meta_record.decode(spec, values, call.dyn, record) if record is not None else None

@@ -22,6 +22,8 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <utility>
 #include <memory>
@@ -324,18 +326,49 @@ struct KeyBuilder {
     return PyObject_Hash(o) != -1 && PyList_Append(extras, o) == 0;
   }
 
-  // A Scalar argument: the default by value, else a run-time number by type.
-  bool scalar(PyObject* v, PyObject* d) {
-    if (PyLong_CheckExact(v)) {  // past int64 (uint64's upper half): call_key types it
-      int overflow = 0;          // np.uint64, a key of its own; left to the Python path
-      PyLong_AsLongLongAndOverflow(v, &overflow);
-      if (overflow) return false;
+  // scalars.range_of's twin: the range of RANGE_BOUNDS (the same bounds, as doubles) a
+  // run-time int or float falls in; false where the Python path decides (an int past
+  // 2^53, which a double does not hold exactly).
+  static bool number_range(PyObject* v, long* out) {
+    static const double bounds[] = {
+        -3.4028234663852886e+38, -3.3895313892515355e+38, -9.223372036854776e+18,
+        -2147483648.0, -65504.0, -32768.0, -128.0, 0.0, 127.0, 255.0, 32767.0, 65504.0,
+        65535.0, 2147483647.0, 4294967295.0, 9.223372036854776e+18, 1.8446744073709552e+19,
+        3.3895313892515355e+38, 3.4028234663852886e+38};
+    double x;
+    if (PyFloat_CheckExact(v)) {
+      x = PyFloat_AS_DOUBLE(v);
+      if (std::isnan(x)) { *out = -1; return true; }
+      if (std::isinf(x)) { *out = x > 0 ? -2 : -3; return true; }
+    } else if (PyLong_CheckExact(v)) {
+      int overflow = 0;
+      long long i = PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow || i > (1LL << 53) || i < -(1LL << 53)) return false;
+      x = double(i);
+    } else {
+      *out = 0;
+      return true;
     }
+    const double* end = bounds + sizeof(bounds) / sizeof(bounds[0]);
+    const double* at = std::lower_bound(bounds, end, x);
+    *out = 2 * long(at - bounds) + (at != end && *at == x);
+    return true;
+  }
+
+  // A Scalar argument: the default by value, else a run-time number by type and range
+  // (past int64, uint64's upper half, call_key types it np.uint64: the Python path).
+  bool scalar(PyObject* v, PyObject* d) {
     int eq = Py_TYPE(v) == Py_TYPE(d) ? PyObject_RichCompareBool(v, d, Py_EQ) : 0;
     if (eq < 0) return false;
     if (eq) return PyList_Append(extras, v) == 0;
-    return PyList_Append(extras, reinterpret_cast<PyObject*>(Py_TYPE(v))) == 0 &&
-           PyList_Append(dyn, v) == 0;
+    long range;
+    if (!number_range(v, &range)) return false;
+    PyObject* r = PyLong_FromLong(range);
+    if (r == nullptr) return false;
+    bool ok = PyList_Append(extras, reinterpret_cast<PyObject*>(Py_TYPE(v))) == 0 &&
+              PyList_Append(extras, r) == 0 && PyList_Append(dyn, v) == 0;
+    Py_DECREF(r);
+    return ok;
   }
 
   // A static argument: by value, its type alongside (1, 1.0 and True hash alike).
