@@ -71,6 +71,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "to a bucket and compile once per bucket; the value is buckets per doubling of the "
            "size (1, 2, 4, 8 or 16; sizes up to 16 use powers of two); 0 or off: compile once "
            "per shape (docs/dynamic-shapes.md)."),
+    EnvVar("TORCH_PJRT_HF_PADDING", "1", "1: transformers' continuous batching pads its "
+           "batches to multiples of 64 query and 256 KV tokens where its cache is on pjrt "
+           "(as it does for CUDA graphs), so that batches share programs; 0: a program per "
+           "batch shape (docs/serving.md)."),
     EnvVar("TORCH_PJRT_COORDINATOR", "", "Multi-process jobs: host:port where rank 0 serves "
            "JAX's coordination service; empty: MASTER_ADDR and MASTER_PORT + 1 "
            "(docs/distributed.md)."),

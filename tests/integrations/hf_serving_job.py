@@ -52,12 +52,23 @@ def run(model_dir: str, device: str) -> dict:
     # a KV cache sized for this work (left to itself it sizes from the free memory it finds)
     cache = transformers.generation.ContinuousBatchingConfig(
         page_size=16, num_blocks=16, max_batch_tokens=64, max_requests_per_batch=len(prompts))
+    from transformers.generation.continuous_batching import model_runner
+
+    padded = []  # whether each continuous-batching model runner pads its batches
+    init = model_runner.ModelRunner.__init__
+
+    def noting(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        padded.append(self.pad_inputs)
+
+    model_runner.ModelRunner.__init__ = noting
     batch = model.generate_batch(inputs=prompts, generation_config=config,
                                  continuous_batching_config=cache)
     return {"device": str(next(model.parameters()).device),
             "hub_kernels": os.environ.get("USE_HUB_KERNELS"),
             "generate": generated,
             "generate_batch": [batch[k].generated_tokens for k in sorted(batch)],
+            "padded": padded,
             "texts": [tok.decode(g) for g in generated]}
 
 

@@ -59,6 +59,13 @@ def test_from_pretrained_generate_and_generate_batch_on_pjrt(checkpoint, on_cpu)
     assert on_cpu["hub_kernels"] is None  # a CPU process without torch-pjrt keeps them on
     assert got["generate"] == on_cpu["generate"]
     assert got["generate_batch"] == on_cpu["generate_batch"] == on_cpu["generate"]
+    # continuous batching pads its batches on pjrt (shared programs), not on the CPU
+    assert got["padded"] == [True] and on_cpu["padded"] == [False]
+
+
+def test_generate_batch_unpadded_when_asked(checkpoint, on_cpu):
+    got = _job(checkpoint, "pjrt", TORCH_PJRT_HF_PADDING="0")
+    assert got["padded"] == [False] and got["generate_batch"] == on_cpu["generate_batch"]
 
 
 def test_hub_kernels_stay_as_the_user_set_them(checkpoint):

@@ -17,17 +17,29 @@ list: `from_pretrained(..., device_map="pjrt")` and `transformers serve --device
 named devices, none of which a pjrt model can run, so where pjrt is the process's
 accelerator torch-pjrt turns them off with transformers' own switch when transformers'
 modeling_utils is imported, unless the environment sets USE_HUB_KERNELS itself.
+
+transformers' continuous batching (`generate_batch`, `transformers serve
+--continuous-batching`) pads each batch's query and KV lengths to multiples of an interval
+only where it captures CUDA graphs or compiles; otherwise every batch has shapes of its own,
+and on pjrt every new shape is a new program (245 of them in `bench/first_call.py`'s
+generate_batch of 3 prompts). Its model runner pads where its cache is on pjrt
+(`pad_inputs`, with intervals of 64 query and 256 KV tokens where the configuration sets
+none): 126 programs, the same tokens (docs/serving.md). TORCH_PJRT_HF_PADDING=0 turns it off.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
+from .. import _env
 from .._after_import import after_import
 
 DEVICE_VARIABLE = "ACCELERATE_TORCH_DEVICE"
 KERNELS_VARIABLE = "USE_HUB_KERNELS"
 _TRUE = ("1", "true", "yes", "y", "on")
+PADDING_VARIABLE = "TORCH_PJRT_HF_PADDING"
+Q_INTERVAL, KV_INTERVAL = 64, 256  # tokens; transformers' own fallbacks are 64 and 16384
 
 
 def install(device_type: str) -> None:
@@ -35,6 +47,8 @@ def install(device_type: str) -> None:
     is imported."""
     after_import("transformers.training_args", lambda: default_trainer_device(device_type))
     after_import("transformers.modeling_utils", lambda: no_hub_kernels(device_type))
+    after_import("transformers.generation.continuous_batching.model_runner",
+                 lambda: pad_continuous_batching(device_type))
 
 
 def default_trainer_device(device_type: str) -> bool:
@@ -60,4 +74,32 @@ def no_hub_kernels(device_type: str) -> bool:
     if accelerator is None or accelerator.type != device_type:
         return False
     os.environ[KERNELS_VARIABLE] = "0"
+    return True
+
+
+def pad_continuous_batching(device_type: str) -> bool:
+    """Make continuous batching's model runner pad its batches where its KV cache is on
+    `device_type` (unless TORCH_PJRT_HF_PADDING=0); True if installed. A transformers
+    without the runner's `pad_inputs` switch is left alone."""
+    from transformers.generation.continuous_batching import model_runner
+
+    runner = getattr(model_runner, "ModelRunner", None)
+    if runner is None or getattr(runner, "_pjrt_padding", False):
+        return False
+    init = runner.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        device = getattr(getattr(self, "cache", None), "device", None)
+        if getattr(device, "type", None) != device_type or getattr(self, "pad_inputs", True) \
+                or not _env.flag(PADDING_VARIABLE):
+            return
+        config = self.cb_config
+        config.q_padding_interval_size = config.q_padding_interval_size or Q_INTERVAL
+        config.kv_padding_interval_size = config.kv_padding_interval_size or KV_INTERVAL
+        self.pad_inputs = True
+
+    runner.__init__ = __init__
+    runner._pjrt_padding = True
     return True
