@@ -197,6 +197,13 @@ def _cut(wiring: tuple, bounds: list[int], outputs: list, donated_set: set, n_in
         piece_at.extend([p] * (b - a))
     # The piece each value is read in last, and the values each piece must return.
     last_piece = {v: piece_at[i] for v, i in last.items()}
+    # Each piece's values read in a later piece or returned (one pass, not one per piece).
+    kept_after: list[set] = [set() for _ in range(len(bounds) - 1)]
+    for r, q in last_piece.items():
+        if type(r) is tuple and piece_at[r[0]] < q:
+            kept_after[piece_at[r[0]]].add(r)
+    for r in out_set:
+        kept_after[piece_at[r[0]]].add(r)
     groups: dict[tuple, list[tuple]] = {}
     drafts = []
     for p, (a, b) in enumerate(zip(bounds, bounds[1:])):
@@ -217,9 +224,7 @@ def _cut(wiring: tuple, bounds: list[int], outputs: list, donated_set: set, n_in
                         piece.sources.append(r)
                     lrefs.append(slot)
             piece.wiring.append((entry, tuple(lrefs), n_dyn))
-        needed = {(r[0] - a, r[1]) for r, q in last_piece.items()
-                  if type(r) is tuple and a <= r[0] < b and q > p}
-        needed |= {(r[0] - a, r[1]) for r in out_set if a <= r[0] < b}
+        needed = {(r[0] - a, r[1]) for r in kept_after[p]}
         donatable = {slot for slot, s in enumerate(piece.sources)
                      if last_piece[s] == p and
                      (s in donated_set if type(s) is int else s not in out_set)}
