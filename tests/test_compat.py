@@ -54,6 +54,21 @@ def test_build_backend_borrows_the_installed_torch(monkeypatch):
                                  backend.project_requirement("jaxlib")]
 
 
+def test_a_program_compiles_with_the_options_this_xla_knows():
+    """compile_lowered asks XLA with every option first (no probe compiles where it knows
+    them all) and leaves out the ones it names as unknown."""
+    import jax
+    import numpy as np
+
+    lowered = jax.jit(lambda x: x * 2 + 1).lower(np.arange(4.0, dtype=np.float32))
+    for options in ({}, {"xla_backend_optimization_level": 0},
+                    {"xla_backend_optimization_level": 0, "xla_no_such_option_anywhere": True}):
+        run = _compat.compile_lowered(lowered, options)
+        assert np.asarray(run(np.arange(4.0, dtype=np.float32))).tolist() == [1, 3, 5, 7]
+    with pytest.raises(Exception, match="(?i)type|shape|invalid|unknown"):
+        _compat.compile_lowered(lowered, {"xla_backend_optimization_level": "not a number"})
+
+
 def test_xla_options_leaves_out_what_this_xla_lacks():
     import jax
 

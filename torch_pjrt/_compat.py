@@ -40,6 +40,23 @@ def xla_options(options: dict) -> dict:
     return {name: value for name, value in options.items() if _xla_knows(name, value)}
 
 
+def compile_lowered(lowered, options: dict):
+    """`lowered` (a jax.stages.Lowered) compiled with the XLA options among `options` that
+    this jaxlib's XLA knows. Asked with all of them first: where XLA knows them all (jaxlib
+    0.10 and every option torch-pjrt sets), nothing is probed (xla_options' probes cost a
+    process 25 ms an option); where it names one it lacks, the known ones are found and
+    asked again."""
+    if not options:
+        return lowered.compile()
+    try:
+        return lowered.compile(compiler_options=options)
+    except Exception as e:  # noqa: BLE001 - jaxlib's error type moved between releases
+        if "No such compile option" not in str(e):
+            raise
+    known = xla_options(options)
+    return lowered.compile(compiler_options=known) if known else lowered.compile()
+
+
 @functools.cache
 def _xla_knows(name: str, value) -> bool:
     import jax

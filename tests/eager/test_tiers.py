@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from tolerance import assert_as_accurate
 
 import torch_pjrt
-from torch_pjrt import _compat
 from torch_pjrt.eager import graph, loops, tiers
 from torch_pjrt.runtime import compile_pool
 
@@ -377,8 +376,8 @@ def test_the_settings_and_their_defaults(monkeypatch):
     tiers.configure()
     loops.configure()
     assert tiers.enabled and loops.enabled
-    assert compile_cache.quick_options.__wrapped__() == _compat.xla_options({
-        "xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False})
+    assert compile_cache.quick_options.__wrapped__() == {
+        "xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
     assert compile_cache.quick_options.__wrapped__()["xla_backend_optimization_level"] == 0
     assert compile_pool.threads() >= 1
     monkeypatch.setenv("TORCH_PJRT_TIERED", "0")

@@ -173,14 +173,12 @@ def quick_options() -> dict:
     the older loop emitters compile an op's program in 40% of the time (measured:
     docs/compile-cost.md); {} elsewhere (not measured there) and with
     TORCH_PJRT_QUICK_OPS=0. Read once per process; an option this jaxlib's XLA no longer
-    has is left out (_compat.xla_options)."""
-    from .. import _compat
+    has is left out where a program compiles (_compat.compile_lowered)."""
     from . import client
 
     if client.platform() != "cpu" or not _env.flag("TORCH_PJRT_QUICK_OPS"):
         return {}
-    return _compat.xla_options({"xla_backend_optimization_level": 0,
-                                "xla_cpu_use_fusion_emitters": False})
+    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def _opt_level() -> str:
@@ -195,13 +193,12 @@ def default_options() -> dict:
     bits compile in 142 ms instead of 606 ms and run as fast (16M uniforms: 262 ms against
     278 ms), a PyTorch index_reduce test's 636 programs in 87 s instead of 224 s, and the
     zoo's steps are no slower (docs/compile-cost.md). {} elsewhere (not measured there)."""
-    from .. import _compat
     from . import client
 
     level = _opt_level()
     if client.platform() != "cpu" or level == "3":
         return {}
-    return _compat.xla_options({"xla_backend_optimization_level": int(level)})
+    return {"xla_backend_optimization_level": int(level)}
 
 
 def _path(name: str) -> str:
@@ -330,7 +327,9 @@ def obtain(jitted, args: tuple, name: str, device: int, get_side=None,
         return None
     lowered = jitted.lower(*args)
     options = options if options is not None else default_options()
-    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+    from .. import _compat
+
+    compiled = _compat.compile_lowered(lowered, options)
     side = get_side() if get_side is not None else None
     nbytes = store(name, compiled, side)
     return Built(compiled, side, "compiled", time.perf_counter() - start, lowered, began,
