@@ -1,10 +1,24 @@
-"""Block sizes and padding shared by the shipped Pallas kernels."""
+"""Block sizes and padding shared by the shipped Pallas kernels, and Pallas itself."""
 
 from __future__ import annotations
+
+import importlib
 
 import jax.numpy as jnp
 
 NAMESPACE = "pjrt_kernels"
+
+
+class _Pallas:
+    """jax.experimental.pallas, imported where a kernel first uses it (when it traces): its
+    import is 0.1 s of every process's start, most of which never run these kernels (the
+    examples register their operators at start)."""
+
+    def __getattr__(self, name: str):
+        return getattr(importlib.import_module("jax.experimental.pallas"), name)
+
+
+pl = _Pallas()
 
 
 def block(size: int, preferred: int) -> int:

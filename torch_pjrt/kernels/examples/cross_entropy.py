@@ -10,10 +10,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import torch
-from jax.experimental import pallas as pl
 
 from ..register import register_jax
-from ._blocks import NAMESPACE, block, pad_to
+from ._blocks import NAMESPACE, block, pad_to, pl
 
 ROWS = 8  # rows per program
 VOCAB = 512  # logits read per step (forward) or written per program (backward)

@@ -15,12 +15,11 @@ import math
 import jax
 import jax.numpy as jnp
 import torch
-from jax.experimental import pallas as pl
 
 from ...lowering.families import attention
 from .. import pallas
 from ..register import register_jax
-from ._blocks import NAMESPACE, block, pad_to
+from ._blocks import NAMESPACE, block, pad_to, pl
 
 QUERIES = 128  # query rows per program
 KEYS = 128  # keys per step

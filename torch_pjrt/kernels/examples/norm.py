@@ -9,10 +9,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import torch
-from jax.experimental import pallas as pl
 
 from ..register import register_jax
-from ._blocks import NAMESPACE, block, pad_to
+from ._blocks import NAMESPACE, block, pad_to, pl
 
 ROWS = 64  # rows per program
 
