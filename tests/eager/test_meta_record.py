@@ -145,6 +145,33 @@ def test_a_record_stands_only_for_the_same_run_time_numbers(tmp_path):
     assert int(seen[1][1]) == int(seen[2][1]) + 1 >= 2
 
 
+def test_deterministic_algorithms_run_the_checks_a_record_was_made_without(tmp_path):
+    """put_ recorded in a process without deterministic algorithms; the next process turns
+    them on: put_ raises its nondeterminism alert as the CPU does, not the record's silence."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="deterministic") as cpu:
+            torch.zeros(3).put_(torch.tensor([0, 1]), torch.ones(2))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    script = ("import torch, torch_pjrt, sys\n"
+              "torch.use_deterministic_algorithms(sys.argv[1] == '1')\n"
+              "t = torch.zeros(3, device='pjrt')\n"
+              "try:\n"
+              "    t.put_(torch.tensor([0, 1], device='pjrt'), torch.ones(2, device='pjrt'))\n"
+              "    print(t.tolist())\n"
+              "except RuntimeError as e:\n    print('raised', str(e).splitlines()[0])\n")
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path))
+    seen = []
+    for deterministic in ("0", "1"):
+        done = subprocess.run([sys.executable, "-c", script, deterministic], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen.append(done.stdout.strip().splitlines()[-1])
+    assert seen[0] == "[1.0, 1.0, 0.0]"
+    assert seen[1] == "raised " + str(cpu.value).splitlines()[0]
+
+
 def test_a_torn_line_of_the_records_is_left_out_with_one_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_PJRT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(warm_start, "_layouts", None)

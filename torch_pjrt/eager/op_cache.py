@@ -126,7 +126,9 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     named = (stable, call.device) if default == torch.float32 else \
         (stable, call.device, str(default))
     digest = compile_cache.digest(named, call.device)
-    record = warm_start.layout(digest)
+    # (not under deterministic algorithms: the meta function and the CPU's checks raise or
+    # warn their nondeterminism alerts, which a record made without them does not hold)
+    record = None if torch.are_deterministic_algorithms_enabled() else warm_start.layout(digest)
     decoded = meta_record.decode(spec, values, call.dyn, record) if record is not None else None
     if decoded is not None:  # an earlier process ran the meta kernel, the checks, promotion
         check_arguments(spec, values)
