@@ -121,6 +121,33 @@ def test_python_and_native_keys_read_the_same_offsets():
         _check(lambda t, s=s: t[s:s + 5] + 2.5 * t[2 + s:s + 7], x)
 
 
+def test_overlapping_views_at_run_time_offsets_are_refused_as_on_the_cpu():
+    """Views of one storage at run-time offsets share a program, but whether a written view
+    overlaps a read one is a matter of their offsets: x[0:9].copy_(x[1:10]) has the shapes
+    and strides of x[0:9].copy_(x[9:18]), which the CPU takes, and the CPU refuses it; so
+    does pjrt, after the disjoint call as before it (PyTorch's test_copy_mem_overlap)."""
+    cases = {
+        "copy_": lambda x, s: x[0:9].copy_(x[s:s + 9]),
+        "out=": lambda x, s: torch.add(x[s:s + 9], 1, out=x[0:9]),
+        "in place": lambda x, s: x[0:9].mul_(x[s:s + 9]),
+        "out= with a keyword": lambda x, s: torch.add(x[s:s + 9], 1, alpha=2, out=x[0:9]),
+    }
+    for name, fn in cases.items():
+        for s in (9, 1, 10, 2, 9, 1):  # disjoint or overlapping, each one again
+            cpu = torch.arange(20.0)
+            dev = cpu.to("pjrt")
+            try:
+                fn(cpu, s)
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError, match="unsupported operation"):
+                    fn(dev, s)
+                    torch.pjrt.synchronize()
+                assert "unsupported operation" in str(e), e
+                continue
+            fn(dev, s)
+            assert torch.equal(dev.cpu(), cpu), (name, s)
+
+
 def test_conjugate_and_negative_views_at_offsets():
     z = torch.randn(12, dtype=torch.complex64)
     for start in (0, 4):

@@ -6,7 +6,13 @@ A contiguous view the op reads (does not write) at a nonzero offset has its offs
 the run-time values (DYNAMIC in its part): batches taken as `data[i]` from one device
 tensor share one program instead of compiling one per offset. The native key builder
 (runtime/native/op_kernel.cpp, KeyBuilder::tensor) applies the same rule,
-`dynamic_offset`, in the same argument order: the program reads the values in it."""
+`dynamic_offset`, in the same argument order: the program reads the values in it.
+
+A call that writes a view of a storage another of its tensors also uses, at a run-time
+offset, has those views' offsets relative to each other in its key as well (`shared_offsets`):
+whether they overlap, which the CPU refuses (cpu_check, once per signature), is a matter of
+those offsets, so `x[0:9].copy_(x[9:18])` and `x[0:9].copy_(x[1:10])` are two signatures.
+The native key has no such part: the executor keeps these calls on the Python key."""
 
 from __future__ import annotations
 
@@ -46,7 +52,8 @@ def dynamic_offset(shape, stride, offset: int) -> bool:
 class Call:
     """The per-call state gathered while building the key."""
 
-    __slots__ = ("spec", "values", "recs", "bufidx", "dyn", "device")
+    __slots__ = ("spec", "values", "recs", "bufidx", "dyn", "device", "shared",
+                 "offsets_keyed")
 
     def __init__(self, spec: OpSpec, values: list):
         self.spec = spec
@@ -55,6 +62,8 @@ class Call:
         self.bufidx: dict[int, int] = {}
         self.dyn: list[Any] = []
         self.device: int | None = None
+        self.shared = False  # a storage more than one of its tensors uses
+        self.offsets_keyed = False  # its key holds shared_offsets (not for the native key)
 
     def tensor_part(self, t, written: bool = False) -> tuple:
         """(buffer, dtype, shape, stride, offset or DYNAMIC, storage numel, storage dtype,
@@ -82,6 +91,7 @@ class Call:
             self.recs.append(rec)
         else:
             rec = self.recs[idx]
+            self.shared = True
         offset = t.storage_offset()
         if offset and dynamic_offset(t.shape, t.stride(), offset):
             self.dyn.append(offset)
@@ -161,9 +171,44 @@ def key_of(call: Call) -> tuple:
             parts.append(GENERATOR)
         else:
             parts.append(_hashable(v))
+    if call.shared and spec.mutated:
+        offsets = shared_offsets(spec, call.values)
+        if offsets:
+            call.offsets_keyed = True
+            parts.append(("offsets", offsets))
     if ranges:
         parts.append((RANGES, tuple(ranges)))
     return tuple(parts)
+
+
+def shared_offsets(spec: OpSpec, values: list) -> tuple:
+    """For each storage that the call writes through one view and uses through another,
+    where one of them has a run-time offset: (argument, index in it, offset from the
+    first of them) of each of its views, in argument order; () where there is none."""
+    groups: dict[int, list] = {}
+    for pos, (a, v) in enumerate(zip(spec.args, values)):
+        if a.kind in (TENSOR, OPT_TENSOR):
+            items = [(0, v)]
+        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+            items = list(enumerate(v))
+        else:
+            continue
+        for j, t in items:
+            if not isinstance(t, torch.Tensor) or t.device.type != _PJRT:
+                continue
+            try:
+                ptr = storage_ptr(t, a.write)
+            except (AttributeError, TypeError):
+                continue
+            groups.setdefault(ptr, []).append((pos, j, t, a.write))
+    out = []
+    for views in groups.values():
+        if len(views) < 2 or not any(w for *_, w in views) or not any(
+                dynamic_offset(t.shape, t.stride(), t.storage_offset()) for _, _, t, _ in views):
+            continue
+        base = views[0][2].storage_offset()
+        out.extend((pos, j, t.storage_offset() - base) for pos, j, t, _ in views)
+    return tuple(out)
 
 
 RANGES = "ranges"  # the last key part's tag: the run-time numbers' ranges (scalars.range_of)

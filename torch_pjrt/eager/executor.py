@@ -112,7 +112,7 @@ def _execute(spec: OpSpec, args: tuple, kwargs: dict, fast_key: tuple | None):
     _counts["cache_hits"] += 1
     if entry.resize is not None:
         return _resize_and_run(call, entry)
-    if fast_key is not None and not entry.random:
+    if fast_key is not None and not entry.random and not call.offsets_keyed:
         _cache[fast_key] = entry
     return launch(call, entry)
 
@@ -136,7 +136,9 @@ def _execute_miss(call: Call, key: tuple, fast_key: tuple | None = None):
         finally:
             counters.add_compile_time(time.perf_counter() - start)
     _cache[key] = entry
-    if fast_key is not None and not entry.random:
+    # (a call whose views share a written storage at run-time offsets stays on the Python
+    # key, which tells overlapping views from others: call_key.shared_offsets)
+    if fast_key is not None and not entry.random and not call.offsets_keyed:
         _cache[fast_key] = entry
     return launch(call, entry) if fused else out
 
