@@ -271,6 +271,20 @@ def test_masked_scatter_short_source_is_an_error():
         x.masked_scatter(m, s).cpu()
 
 
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("mask_dtype", [torch.uint8, torch.int32, torch.int64])
+def test_masked_select_refuses_a_mask_that_is_not_bool(mask_dtype):
+    """As the CPU does (PyTorch's test_masked_select): pjrt read an int32 or int64 mask as
+    indices (x[mask]) and a uint8 one as a mask."""
+    x = torch.arange(6.0)
+    mask = torch.tensor([1, 0, 1, 1, 0, 0], dtype=mask_dtype)
+    for fn in (lambda x, m: x.masked_select(m), lambda x, m: torch.masked_select(x, m)):
+        for args in ((x, mask), to_device((x, mask))):
+            with pytest.raises(RuntimeError, match="expected BoolTensor for mask"):
+                fn(*args)
+        compare(fn, x, mask.bool())
+
+
 def test_nonzero_static():
     x = torch.tensor([[0, 1, 0], [2, 0, 3]])
     for size in (0, 2, 3, 6):

@@ -124,6 +124,10 @@ def make_index_put(execute, inplace: bool):
 
 
 def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # the CPU kernel's check: x[mask] would read an integer mask as indices (int64) or, with
+    # a deprecation warning, as a mask (uint8)
+    if mask.dtype != torch.bool:
+        raise RuntimeError("masked_select: expected BoolTensor for mask")
     x, mask = torch.broadcast_tensors(x, mask)
     return x[mask]
 
