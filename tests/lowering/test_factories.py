@@ -113,3 +113,31 @@ def test_randperm_refuses_an_n_its_dtype_cannot_count_to():
             torch.randperm(large, out=torch.empty(0, dtype=dtype))
         with pytest.raises(RuntimeError, match=re.escape(str(cpu_error.value))):
             torch.randperm(large, out=out)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int64, torch.bfloat16,
+                                   torch.float32, torch.float64])
+def test_geometric_fills_every_dtype_the_cpu_fills(dtype):
+    # PyTorch's test_geometric: integer tensors raised (PyTorch's decomposition draws
+    # rand_like(x), which they refuse); the CPU's kernel fills them, with the same law
+    torch.manual_seed(0)
+    values = torch.empty(50000, dtype=dtype, device="pjrt").geometric_(0.25).cpu()
+    assert values.dtype == dtype and values.min().item() == 1
+    assert abs(values.double().mean().item() - 4.0) < 0.1  # 1 / p
+    share_of_ones = (values == 1).double().mean().item()
+    assert abs(share_of_ones - 0.25) < 0.01  # p
+    for p in (0.0, 1.0, -0.5):
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.empty(3, dtype=dtype).geometric_(p)
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu_error.value))):
+            torch.empty(3, dtype=dtype, device="pjrt").geometric_(p).cpu()
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_multinomial_of_no_rows(replacement):
+    # PyTorch's test_multinomial_empty_w(o)_replacement: the lowering's checks reduced over
+    # the empty probabilities (ValueError); the CPU returns no rows
+    for samples in (1, 2):
+        expected = torch.multinomial(torch.ones(0, 3), samples, replacement)
+        got = torch.multinomial(torch.ones(0, 3, device="pjrt"), samples, replacement)
+        assert got.dtype == expected.dtype and got.shape == expected.shape == (0, samples)

@@ -273,6 +273,18 @@ def exponential_(x, lambd=1.0, *, generator=None, key):
     return (jax.random.exponential(key, x.shape, _float(x.dtype)) / lambd).astype(x.dtype)
 
 
+@lower(aten.geometric_.default, random=True)
+def geometric_(x, p, *, generator=None, key):
+    """Trials to the first success, drawn in floating point for every dtype (PyTorch's
+    decomposition draws torch.rand_like(x), which integer dtypes refuse; the CPU's and
+    CUDA's kernels fill them too)."""
+    require((jnp.asarray(p) > 0) & (jnp.asarray(p) < 1), RuntimeError,
+            "geometric_ expects p to be in (0, 1), but got p={0}", p)
+    dt = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    u = jax.random.uniform(key, x.shape, dt)
+    return (jnp.floor(jnp.log1p(-u) / jnp.log1p(-jnp.asarray(p, dt))) + 1).astype(x.dtype)
+
+
 @lower(aten.randperm.generator_out, random=True)
 def randperm(n, *, generator=None, key, meta):
     (out,) = meta
@@ -311,6 +323,8 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, key, meta)
     if not replacement and num_samples > p.shape[-1]:
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
                            "replacement")
+    if p.size == 0:  # no rows (a row of no categories: the CPU's check refused it)
+        return jnp.zeros(meta[0].shape, jnp.int64)
     _check_distribution(p, num_samples, replacement)
     logits = jnp.log(p.astype(jnp.float32))
     if replacement:
