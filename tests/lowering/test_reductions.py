@@ -197,3 +197,15 @@ def test_empty_dim_list_reduces_all_or_raises() -> None:
                lambda t: torch.nansum(t, dim=(), keepdim=True)):
         with pytest.raises(RuntimeError, match=r"nansum\(\): dim=\[\]"):
             fn(x.to("pjrt")).cpu()
+
+
+@pytest.mark.usefixtures("eager_mode")
+def test_logcumsumexp_into_an_out_tensor():
+    # PyTorch's test_logcumsumexp: torch.logcumsumexp(..., out=) calls _logcumsumexp.out,
+    # which has no meta kernel in PyTorch: every out= call raised NotImplementedError
+    x = torch.randn(5, 2)
+    for out in (torch.zeros(5, 2), torch.empty(0), torch.zeros(5, 4)[:, ::2]):
+        got = compare(lambda t, o: torch.logcumsumexp(t, 1, out=o), x, out.clone())
+        assert tuple(got.shape) == (5, 2)
+    with pytest.raises(RuntimeError, match="expected scalar_type Double but found Float"):
+        torch.logcumsumexp(x.double().to("pjrt"), 1, out=torch.zeros(5, 2, device="pjrt"))

@@ -15,7 +15,7 @@ import torch
 from jax import lax
 
 from ...storage import dtypes
-from ..checks import cpp_type_name
+from ..checks import cpp_type_name, type_name
 from ..registry import lower
 from ._ops import aten, is_complex, is_int
 
@@ -303,12 +303,25 @@ def _logcumsumexp_meta(x, dim):
     return torch.empty_like(x)
 
 
+def _logcumsumexp_out_meta(x, dim, *, out):
+    """The CPU kernel's checks and resize_output (torch.logcumsumexp(..., out=) calls it)."""
+    torch._prims_common.canonicalize_dim(x.ndim, dim)
+    if out.dtype != x.dtype:
+        raise RuntimeError(f"expected scalar_type {type_name(x.dtype)} but found "
+                           f"{type_name(out.dtype)}")
+    torch._refs._maybe_resize_out(out, x.shape)
+    return out
+
+
 def _register_missing_meta() -> None:
-    """PyTorch has no meta kernel for _logcumsumexp; the executor needs one."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_logcumsumexp", "Meta"):
-        lib = torch.library.Library("aten", "IMPL", "Meta")
-        lib.impl("_logcumsumexp", _logcumsumexp_meta)
-        _meta_libs.append(lib)
+    """PyTorch has no meta kernel for _logcumsumexp, nor its out= overload (which
+    torch.logcumsumexp(..., out=) calls); the executor needs them."""
+    for name, fn in (("_logcumsumexp", _logcumsumexp_meta),
+                     ("_logcumsumexp.out", _logcumsumexp_out_meta)):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            lib = torch.library.Library("aten", "IMPL", "Meta")
+            lib.impl(name, fn)
+            _meta_libs.append(lib)
 
 
 _meta_libs: list = []
