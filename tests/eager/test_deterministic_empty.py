@@ -3,6 +3,8 @@ torch.utils.deterministic.fill_uninitialized_memory: NaN for floating and comple
 the largest value for integers, True for bool, as on the CPU (pjrt's uninitialized memory
 otherwise reads as zeros)."""
 
+import warnings
+
 import pytest
 import torch
 from helpers import assert_same
@@ -58,3 +60,37 @@ def test_resize_fills_the_new_elements_as_on_cpu(dtype):
         assert_same(actual.flatten()[:6], expected.flatten()[:6])
     else:
         assert_same(actual, expected)
+
+
+ALERTS = {
+    # PyTorch's meta functions raise these CUDA kernels' alerts for any meta tensor
+    "histc": lambda d: torch.histc(torch.arange(6.0, device=d), bins=3, min=0, max=6),
+    "median with indices": lambda d: torch.median(torch.arange(6.0, device=d), 0),
+    "mode": lambda d: torch.mode(torch.tensor([1.0, 2.0, 2.0], device=d), 0),
+    # an alert of the meta functions that the CPU raises too
+    "max_unpool1d": lambda d: torch.nn.functional.max_unpool1d(
+        torch.ones(1, 1, 3, device=d), torch.zeros(1, 1, 3, dtype=torch.long, device=d), 1),
+}
+
+
+@pytest.mark.parametrize("warn_only", [False, True])
+@pytest.mark.parametrize("name", list(ALERTS))
+def test_nondeterminism_alerts_as_on_cpu(name, warn_only):
+    """PyTorch's test_nondeterministic_alert_histc and _median: pjrt raised (warned) the
+    CUDA kernels' alerts from the meta functions, where the CPU runs deterministically."""
+    def alerts(device):
+        with DeterministicGuard(True, warn_only=warn_only):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    result = ALERTS[name](device)
+                except RuntimeError as e:
+                    assert "does not have a deterministic implementation" in str(e), e
+                    return "raised", None
+        warned = [w for w in caught if "deterministic implementation" in str(w.message)]
+        return ("warned" if warned else "quiet"), result
+
+    (expected, cpu), (actual, dev) = alerts("cpu"), alerts("pjrt")
+    assert actual == expected, (actual, expected)
+    if cpu is not None:
+        assert_same(dev, cpu)

@@ -284,6 +284,7 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     global _COPY_SPEC, _TO_COPY_SPEC
     registry.load_all()
     op_cache.hook_default_dtype()
+    op_cache.hook_deterministic_algorithms()
     _COPY_SPEC = opspec.spec(aten.copy_.default)
     _TO_COPY_SPEC = opspec.spec(aten._to_copy.default)
     executor._native.register_metadata_ops([_qualname(op) for op in METADATA_OPS])

@@ -5,12 +5,15 @@ small CPU stand-ins, once per signature, for the checks that only CPU kernels ma
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 
 import torch
+import torch._prims_common as _prims_common
 
 from ..runtime import DEVICE_TYPE as _PJRT
+from ..runtime import platform
 from ..storage import views
 from .opspec import GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, ArgSpec, OpSpec
 from .refusals import refuses
@@ -71,6 +74,30 @@ def meta_args(spec: OpSpec, values: list) -> list:
     return [_meta_value(a, v) for a, v in zip(spec.args, values)]
 
 
+@contextlib.contextmanager
+def _no_cuda_alerts():
+    """Under torch.use_deterministic_algorithms(True): PyTorch's meta functions take a meta
+    tensor for a CUDA one (device_hint) and raise, or warn, the nondeterminism alerts of
+    CUDA kernels ("_histc_cuda with floating point input", "median CUDA with indices
+    output"). The op runs as an XLA program, not those kernels, and XLA:CPU's programs
+    are deterministic: there the meta function's CUDA alerts are dropped (its others, and
+    on an accelerator all of them, stand)."""
+    if not torch.are_deterministic_algorithms_enabled() or not platform.cpu_platform():
+        yield
+        return
+    original = _prims_common.alert_not_deterministic
+
+    def alert(caller: str) -> None:
+        if "cuda" not in caller.lower():
+            original(caller)
+
+    _prims_common.alert_not_deterministic = alert
+    try:
+        yield
+    finally:
+        _prims_common.alert_not_deterministic = original
+
+
 def check_arguments(spec: OpSpec, values: list) -> None:
     """The CPU's checks of the call's numbers that neither the meta kernel nor the
     signature holds (randperm's n against its out= dtype, ...): raise as the CPU does."""
@@ -87,12 +114,13 @@ def run_meta(spec: OpSpec, values: list):
     if accept is not None and (written := accept(values)) is not None:
         return metas, metas[written]
     try:
-        if str(spec.op) in _KEEP_OUT_SHAPE:
-            with warnings.catch_warnings():  # "An output ... was resized": not on the CPU
-                warnings.simplefilter("ignore", UserWarning)
+        with _no_cuda_alerts():
+            if str(spec.op) in _KEEP_OUT_SHAPE:
+                with warnings.catch_warnings():  # "An output ... was resized": not on the CPU
+                    warnings.simplefilter("ignore", UserWarning)
+                    out = _call_op(spec, metas)
+            else:
                 out = _call_op(spec, metas)
-        else:
-            out = _call_op(spec, metas)
     except Exception as meta_error:  # noqa: BLE001 - re-raised as the CPU's own error
         raise _cpu_error(spec, values) or meta_error from None
     if str(spec.op) in _KEEP_OUT_SHAPE:

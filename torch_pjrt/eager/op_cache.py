@@ -110,6 +110,37 @@ def hook_default_dtype() -> None:
     torch.set_default_dtype = set_default_dtype
 
 
+def _deterministic_state() -> tuple[bool, bool]:
+    return (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+
+
+_deterministic = _deterministic_state()
+
+
+def hook_deterministic_algorithms() -> None:
+    """torch.use_deterministic_algorithms(True) drops the op programs too: a call raises
+    (or warns) its nondeterminism alert where its signature is compiled (the meta function,
+    or the CPU kernel's stand-ins in cpu_check), and a signature compiled before would
+    reuse its program without it (put_ raised in strict mode and not after a warn_only
+    run; PyTorch's check_nondeterministic_alert runs both). Turning it off keeps them."""
+    original = torch.use_deterministic_algorithms
+    if getattr(original, "_pjrt_hooked", False):
+        return
+
+    @functools.wraps(original)
+    def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+        global _deterministic
+        original(mode, warn_only=warn_only)
+        now = _deterministic_state()
+        if now != _deterministic and now[0]:
+            cache.clear()
+        _deterministic = now
+
+    use_deterministic_algorithms._pjrt_hooked = True  # type: ignore[attr-defined]
+    torch.use_deterministic_algorithms = use_deterministic_algorithms
+
+
 def cache_size() -> int:
     """Compiled op signatures (the cache also files entries under the native keys)."""
     return sum(1 for k in cache if type(k[0]) is tuple)
