@@ -91,3 +91,15 @@ def test_index_put_mask_then_none() -> None:
         assert_same(torch.ops.aten.index_put_(t, [None, m, None], value), expected)
         t, m = to_device((v, mask))
         assert_same(torch.ops.aten.index_put_(t, [None, m], value), expected)
+
+
+@pytest.mark.parametrize("dtype,value", [
+    (torch.float32, float("inf")), (torch.float32, float("nan")), (torch.int64, 2.7),
+    (torch.complex64, 1 + 2j), (torch.bool, 3), (torch.float64, 1 / 3), (torch.int32, True),
+], ids=str)
+def test_copy_of_a_python_number(dtype, value) -> None:
+    # PyTorch's test_params_invalidated_with_grads_invalidated_between_unscale_and_step:
+    # grad.copy_(torch.inf) reached the kernel as the number and raised AttributeError
+    got, expected = (torch.zeros(6, dtype=dtype, device=d)[::2].copy_(value)
+                     for d in ("pjrt", "cpu"))
+    assert_same(got, expected)

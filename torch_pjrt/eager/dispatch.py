@@ -137,8 +137,16 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     return transfer.device_to_host(buf, t.shape)
 
 
+# The dtype of a Python number as PyTorch wraps it into a tensor (x.copy_(float("inf"))
+# reaches this kernel as the number again: runtime/native/op_kernel.cpp, wrapped_number)
+_WRAPPED_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
+                          complex: torch.complex128}
+
+
 def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
     pjrt = executor._PJRT
+    if not isinstance(src, torch.Tensor):
+        src = torch.tensor(src, dtype=_WRAPPED_NUMBER_DTYPES.get(type(src)))
     if self.device.type != pjrt:  # pjrt -> cpu
         self.copy_(to_cpu(src))
         return self
