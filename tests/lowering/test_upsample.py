@@ -100,3 +100,28 @@ def test_uint8_images_bit_exact(mode, align_corners, antialias):
 def test_opinfo_samples(name, variant):
     assert check_samples(name, variant, accuracy=True) > 0
     assert not fallbacks_of(UPSAMPLE_OPS)
+
+
+_GRID_SAMPLER_SHAPES = [  # (input, grid): each refused by one of the CPU kernel's checks
+    ((5, 5, 5, 5, 5), (1, 1, 1, 4, 4)), ((5, 5, 5, 5), (1, 1, 4, 4)),
+    ((2, 3, 4, 4), (2, 4, 4, 3)), ((2, 3, 0, 4), (2, 4, 4, 2)), ((2, 3, 4), (2, 4, 2)),
+    ((2, 3, 4, 4), (2, 4, 4, 2, 1)), ((2, 3, 4, 4, 4), (2, 4, 4, 4, 3)),
+]
+
+
+@pytest.mark.usefixtures("eager_mode")
+@pytest.mark.parametrize("shapes", _GRID_SAMPLER_SHAPES, ids=str)
+def test_grid_sampler_2d_refuses_shapes_as_the_cpu(shapes):
+    # PyTorch's test_invalid_shapes_grid_sampler: its decomposition unpacked a 5-D input's
+    # shape (ValueError) or asserted where the CPU kernel says what is wrong
+    args = (torch.rand(shapes[0], dtype=torch.float64),
+            torch.rand(shapes[1], dtype=torch.float64) * 2 - 1, 0, 0, True)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.grid_sampler_2d(*args)
+    with pytest.raises(RuntimeError) as dev:
+        torch.grid_sampler_2d(*to_device(args))
+    assert str(dev.value) == str(cpu.value)
+    valid = (torch.rand(2, 2, 3, 4, dtype=torch.float64),
+             torch.rand(2, 4, 3, 2, dtype=torch.float64) * 2 - 1)
+    assert_same(torch.grid_sampler_2d(*to_device(valid), 0, 0, True),
+                torch.grid_sampler_2d(*valid, 0, 0, True))

@@ -15,6 +15,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from .. import _env, counters
+from ..lowering.checks import type_name
 from ..runtime import watch
 from . import opspec, unchecked
 from .meta import refuse_dtypes
@@ -27,11 +28,45 @@ _active_decomps: set = set()
 SKIP_DECOMPOSITION: dict[str, str] = {}
 
 
+def _check_grid_sampler_2d(input, grid, *args, **kwargs) -> None:
+    """The CPU kernel's checks (check_grid_sampler_common, check_grid_sampler_2d), which
+    PyTorch's decomposition lacks: it unpacked a 5-D input's shape (ValueError), or
+    asserted, where the CPU says what is wrong (PyTorch's test_invalid_shapes_grid_sampler)."""
+    sizes = f"input with sizes {list(input.shape)} and grid with sizes {list(grid.shape)}"
+    if input.device != grid.device:
+        raise RuntimeError("grid_sampler(): expected input and grid to be on same device, but "
+                           f"input is on {input.device} and grid is on {grid.device}")
+    if input.dim() and grid.dim() and input.shape[0] != grid.shape[0]:
+        raise RuntimeError(f"grid_sampler(): expected grid and input to have same batch size, "
+                           f"but got {sizes}")
+    if grid.dim() and grid.shape[-1] != input.dim() - 2:
+        raise RuntimeError(f"grid_sampler(): expected grid to have size {input.dim() - 2} in "
+                           f"last dimension, but got grid with sizes {list(grid.shape)}")
+    for i in range(2, input.dim()):
+        if input.shape[i] <= 0:
+            raise RuntimeError("grid_sampler(): expected input to have non-empty spatial "
+                               f"dimensions, but input has sizes {list(input.shape)} with "
+                               f"dimension {i} being empty")
+    if input.dim() != 4 or grid.dim() != 4:
+        raise RuntimeError("grid_sampler(): expected 4D input and grid with same number of "
+                           f"dimensions, but got {sizes}")
+    if input.dtype != grid.dtype:
+        raise RuntimeError(f"expected scalar type {type_name(input.dtype)} but found "
+                           f"{type_name(grid.dtype)}")
+
+
+# Checks the CPU kernel makes and PyTorch's decomposition does not, run before it.
+_DECOMPOSITION_CHECKS = {torch.ops.aten.grid_sampler_2d.default: _check_grid_sampler_2d}
+
+
 def run(op: torch._ops.OpOverload, *args, **kwargs):
     """The PrivateUse1 fallback kernel."""
     decomp = decomposition_table.get(op)
     if decomp is not None and op not in _active_decomps and str(op) not in SKIP_DECOMPOSITION:
         refuse_dtypes(op, args, kwargs)
+        check = _DECOMPOSITION_CHECKS.get(op)
+        if check is not None:
+            check(*args, **kwargs)
         counters.count("decompositions")
         _active_decomps.add(op)
         try:
