@@ -91,6 +91,17 @@ def test_kernel_checks_raise_as_on_cpu(case):
     assert str(cpu.value).split("\n")[0] in str(dev.value), (cpu.value, dev.value)
 
 
+@pytest.mark.parametrize("call", ["item", "_local_scalar_dense"])
+def test_scalar_of_an_empty_tensor(call):
+    # PyTorch's test__local_scalar_dense_with_empty_tensor: each says it as the CPU does
+    fn = (lambda t: t.item()) if call == "item" else torch.ops.aten._local_scalar_dense
+    with pytest.raises(RuntimeError) as cpu:
+        fn(torch.randn(0))
+    with pytest.raises(RuntimeError) as dev:
+        fn(torch.randn(0, device="pjrt"))
+    assert str(dev.value) == str(cpu.value)
+
+
 def test_cat_into_its_input_too_large_for_the_stand_ins():
     x = torch.zeros(1 << 20, device="pjrt")
     with pytest.raises(RuntimeError, match="single memory location"):

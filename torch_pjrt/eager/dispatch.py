@@ -205,6 +205,9 @@ def _native_batch_norm(x, weight, bias, running_mean, running_var, training, mom
 
 
 def _local_scalar_dense(self: torch.Tensor):
+    # the CPU kernel's check (Tensor.item() checks the element count before, in other words)
+    if self.numel() == 0:
+        raise RuntimeError("_local_scalar_dense: Empty tensor not supported")
     return to_cpu(self).item()
 
 
