@@ -168,6 +168,8 @@ def gather(x, dim, index, *, sparse_grad=False):
 def _scatter(x, dim, index, src, mode):
     if index.size == 0:
         return x
+    if x.dtype == jnp.bool_:  # the CPU's bool sum is an or, its product an and
+        mode = {"add": "amax", "multiply": "amin"}.get(mode, mode)
     if x.ndim == 0:
         _check_gather_index(index.astype(jnp.int64), 1, 0)
         src = jnp.broadcast_to(src, index.shape).reshape(-1)[:1].reshape(())
@@ -216,7 +218,9 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     mode = {"sum": "add", "prod": "multiply", "amax": "amax", "amin": "amin", "mean": "add"}[reduce]
     if not include_self:
         identity = {"add": 0, "multiply": 1, "amax": -jnp.inf, "amin": jnp.inf}[mode]
-        if mode in ("amax", "amin") and not jnp.issubdtype(x.dtype, jnp.floating):
+        if x.dtype == jnp.bool_:
+            identity = mode in ("multiply", "amin")
+        elif mode in ("amax", "amin") and not jnp.issubdtype(x.dtype, jnp.floating):
             info = jnp.iinfo(x.dtype)
             identity = info.min if mode == "amax" else info.max
         touched = _scatter(jnp.zeros(x.shape, jnp.bool_), dim, index, True, "set")
