@@ -196,3 +196,29 @@ def test_mask_of_another_shape_than_the_indexed_dimensions(mask, where):
             x[index]
         with pytest.raises(IndexError, match="The shape of the mask"):
             x[index] = 2.0
+
+
+_SHIFTS = {
+    "<<= float": (lambda x: x[:-1].__ilshift__(x[1:]), torch.float32),
+    ">>= float": (lambda x: x[:-1].__irshift__(x[1:]), torch.float32),
+    "<<= int": (lambda x: x[:-1].__ilshift__(x[1:]), torch.int64),
+    "&= int": (lambda x: x[:-1].__iand__(x[1:]), torch.int64),
+    "|= itself": (lambda x: x.__ior__(x), torch.int64),
+    "^= disjoint": (lambda x: x[:3].__ixor__(x[3:]), torch.int64),
+    "<<= strided": (lambda x: x[::2].__ilshift__(x[1::2]), torch.int64),
+}
+
+
+@pytest.mark.parametrize("case", list(_SHIFTS))
+def test_in_place_bitwise_ops_refuse_overlap_as_the_cpu(case):
+    # PyTorch's test_shift_mem_overlap: the in-place decomposition (the op, then copy_)
+    # computed x[:-1] <<= x[1:] of integers, and refused floats by dtype first
+    fn, dtype = _SHIFTS[case]
+    try:
+        expected = fn(torch.arange(6, dtype=dtype))
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as dev:
+            fn(torch.arange(6, dtype=dtype, device="pjrt"))
+        assert str(dev.value) == str(e)
+        return
+    assert torch.equal(fn(torch.arange(6, dtype=dtype, device="pjrt")).cpu(), expected)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch._prims_common as _prims
 from torch._decomp import decomposition_table
 
 from .. import _env, counters
@@ -55,18 +56,54 @@ def _check_grid_sampler_2d(input, grid, *args, **kwargs) -> None:
                            f"{type_name(grid.dtype)}")
 
 
+def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """ATen's get_overlap_status(a, b) == Partial: dense views of one storage whose spans
+    meet and are not the same view."""
+    if a is b or a.numel() == 0 or b.numel() == 0:
+        return False
+    if not (_prims.is_non_overlapping_and_dense_or_false(a)
+            and _prims.is_non_overlapping_and_dense_or_false(b)):
+        return False  # TooHard: the CPU does not refuse
+    if torch._C._storage_address(a) != torch._C._storage_address(b):
+        return False
+    a_begin, b_begin = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    a_end, b_end = a_begin + a.numel() * a.element_size(), b_begin + b.numel() * b.element_size()
+    if (a_begin, a_end) == (b_begin, b_end):
+        return a.stride() != b.stride()
+    return a_begin < b_end and b_begin < a_end
+
+
+def _check_no_partial_overlap(self, *args, **kwargs) -> None:
+    """TensorIterator's check of an in-place op, before its dtypes: PyTorch's in-place
+    decomposition (the op, then self.copy_) never compared self with the other inputs, so
+    x[:-1] <<= x[1:] ran where the CPU refuses it (PyTorch's test_shift_mem_overlap)."""
+    for t in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor) and _partial_overlap(self, t):
+            raise RuntimeError(
+                "unsupported operation: some elements of the input tensor and the written-to "
+                "tensor refer to a single memory location. Please clone() the tensor before "
+                "performing the operation.")
+
+
+_aten = torch.ops.aten
 # Checks the CPU kernel makes and PyTorch's decomposition does not, run before it.
-_DECOMPOSITION_CHECKS = {torch.ops.aten.grid_sampler_2d.default: _check_grid_sampler_2d}
+_DECOMPOSITION_CHECKS = {
+    _aten.grid_sampler_2d.default: _check_grid_sampler_2d,
+    # in-place TensorIterator ops decomposed as the op and a copy_
+    **{op: _check_no_partial_overlap for op in (
+        _aten.__ilshift__.Tensor, _aten.__irshift__.Tensor, _aten.__iand__.Tensor,
+        _aten.__ior__.Tensor, _aten.__ixor__.Tensor)},
+}
 
 
 def run(op: torch._ops.OpOverload, *args, **kwargs):
     """The PrivateUse1 fallback kernel."""
     decomp = decomposition_table.get(op)
     if decomp is not None and op not in _active_decomps and str(op) not in SKIP_DECOMPOSITION:
-        refuse_dtypes(op, args, kwargs)
         check = _DECOMPOSITION_CHECKS.get(op)
         if check is not None:
             check(*args, **kwargs)
+        refuse_dtypes(op, args, kwargs)
         counters.count("decompositions")
         _active_decomps.add(op)
         try:
