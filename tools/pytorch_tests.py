@@ -50,7 +50,8 @@ FILES: dict[str, dict] = {
     "test_sort_and_select.py": {},
     "test_type_promotion.py": {},
     "test_nn.py": {"match": r"^TestNNDeviceType\.", "sample": 400},
-    "test_torch.py": {"match": r"^TestTorchDeviceType\.", "sample": 400},
+    # the whole of TestTorchDeviceType (its device-only skips take no time)
+    "test_torch.py": {"match": r"^TestTorchDeviceType\."},
     "test_autograd.py": {"match": r"^TestAutogradDeviceType\.", "sample": 300},
     # test_ops: float32 and int64 (15,621 of its 35,348 tests); 251 of the 800 sampled are
     # PyTorch's device-only skips (onlyCPU, onlyCUDA, onlyOn...), which take no time; the
@@ -99,16 +100,17 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     "test_autograd.py": ("eb4247c60570b3bd9f6404efae673f748ea0a5ea", 43869,
                          "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                          "characters a page): see the comment in SOURCES"),
-    # excerpts too (test_nn.py is 718,971 characters, test_torch.py 496,100; their device-generic
-    # classes alone are about 240,000 and 275,000): test_nn.py's characters [0, 3556) (imports)
-    # and [408803, 463973) (the test_affine helpers and the first 55,000 characters of
-    # TestNNDeviceType, cut at a method's end), test_torch.py's [0, 60080) (imports and the
-    # first 54,000 characters of TestTorchDeviceType, cut before the nondeterministic-alert
-    # tests, whose helper comes later), each with its instantiate_device_type_tests line
+    # excerpts too (test_nn.py is 718,971 characters, test_torch.py 496,100): test_nn.py's
+    # characters [0, 3556) (imports) and [408803, 463973) (the test_affine helpers and the first
+    # 55,000 characters of TestNNDeviceType, cut at a method's end), with its
+    # instantiate_device_type_tests line; test_torch.py's [0, 295249) (imports, the two vital-sign
+    # classes and the whole of TestTorchDeviceType, 289,936 characters from 5313; its
+    # check_nondeterministic_alert is common_utils.TestCase's), then its file's
+    # instantiate_device_type_tests(TestTorchDeviceType, ...) line and __main__ block
     "test_nn.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 58896,
                    "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                    "characters a page): see the comment in SOURCES"),
-    "test_torch.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 60144,
+    "test_torch.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 295406,
                       "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                       "characters a page): see the comment in SOURCES"),
     "test_ops.py": ("26f0db325cdb64dc0972ee2aa167df8fac18ffc7", 129253,
