@@ -111,6 +111,7 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
         "TestTorchDeviceType.test_deterministic_empty_complex32": (_COMPLEX32, True),
         # copies from every dtype, complex32 among them, into each dtype
         "TestTorchDeviceType.test_copy__*": (_COMPLEX32, True),
+        "TestTorchDeviceType.test_item_complex32": (_COMPLEX32, True),
         **{f"TestTorchDeviceType.test_masked_scatter_{dtype}": (
             "expects the error for a source shorter than the mask's True count at the "
             "masked_scatter_ call: pjrt counts the mask on the device and raises at the next "
