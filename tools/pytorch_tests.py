@@ -101,13 +101,15 @@ SOURCES: dict[str, tuple[str, int, str]] = {
                          "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                          "characters a page): see the comment in SOURCES"),
     # excerpts too (test_nn.py is 718,971 characters, test_torch.py 496,100): test_nn.py's
-    # characters [0, 3556) (imports) and [408803, 463973) (the test_affine helpers and the first
-    # 55,000 characters of TestNNDeviceType, cut at a method's end), with its
-    # instantiate_device_type_tests line; test_torch.py's [0, 295249) (imports, the two vital-sign
-    # classes and the whole of TestTorchDeviceType, 289,936 characters from 5313; its
+    # characters [0, 3556) (imports) and [408803, 714871) (the test_affine helpers and the whole
+    # class TestNNDeviceType, up to the class TestFunctionalPickle), then its
+    # instantiate_device_type_tests line and its __main__ block (without the
+    # instantiate_parametrized_tests(TestNN) line between them, TestNN being left out: 170
+    # characters); test_torch.py's [0, 295249) (imports, the two vital-sign classes and the
+    # whole of TestTorchDeviceType, 289,936 characters from 5313; its
     # check_nondeterministic_alert is common_utils.TestCase's), then its file's
     # instantiate_device_type_tests(TestTorchDeviceType, ...) line and __main__ block
-    "test_nn.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 58896,
+    "test_nn.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 309794,
                    "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                    "characters a page): see the comment in SOURCES"),
     "test_torch.py": ("4b78f85938a63c12719f266324b57ffe9f3b7581", 295406,
