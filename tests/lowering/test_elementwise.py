@@ -103,6 +103,27 @@ def test_rrelu_noise_is_within_bounds_and_eval_mode_matches_cpu():
     assert torch.allclose(grad[x >= 0], g[x >= 0])
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_rrelu_in_place_writes_the_result_not_the_noise(mode):
+    # rrelu_with_noise_ runs rrelu_with_noise's lowering, which returns (noise, result):
+    # self got the noise (all zeros in eval mode, even for NaN and positive inputs)
+    import torch_pjrt
+
+    x = torch.tensor([NAN, -1.0, 2.0, -0.5, 0.0, INF, -INF])
+    with torch_pjrt.set_eager_mode(mode):
+        d = x.to("pjrt")
+        out = F.rrelu(d, 0.1, 0.3, training=False, inplace=True)
+        assert out is d
+        assert_same(d, F.rrelu(x.clone(), 0.1, 0.3, training=False, inplace=True))
+        noise = torch.zeros(7, device="pjrt")
+        d = x.to("pjrt")
+        torch.ops.aten.rrelu_with_noise_(d, noise, 0.1, 0.3, True)
+        got, r = d.cpu(), noise.cpu()
+    neg = x <= 0
+    assert ((r[neg] >= 0.1) & (r[neg] <= 0.3)).all() and (r[~neg] == 1).all()
+    torch.testing.assert_close(got, torch.where(neg, x * r, x), equal_nan=True)
+
+
 # ------------------------------------------------------------------ edge values
 EDGE_FLOAT = [NAN, INF, -INF, 0.0, -0.0, 1e-30, -1e-30, 0.25, -0.25, 0.5, -0.5, 1.0, -1.0,
               1.5, -1.5, 2.5, -2.5, 3.0, -3.0, 7.0, 20.0, -20.0, 88.5, -88.5, 1e10, -1e10]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass
@@ -100,6 +101,25 @@ def _functional_counterpart(op: OpOverload) -> OpOverload | None:
     return None
 
 
+def _self_first(lowering: registry.Lowering, functional: OpOverload) -> registry.Lowering:
+    """The functional counterpart's lowering, for an in-place op x_ whose counterpart x
+    writes arguments of its own: x returns its written arguments' new values first, then
+    its result, while x_ writes self (its result) first, then those arguments, in schema
+    order. rrelu_with_noise_(self, noise) took rrelu_with_noise's (noise, result) as
+    (self, noise): self came back holding the noise (zeros where not training)."""
+    written = sum(1 for a in functional._schema.arguments
+                  if a.alias_info is not None and a.alias_info.is_write)
+    if not written:
+        return lowering
+    fn = lowering.fn
+
+    def in_place(*args, **kwargs):
+        results = list(fn(*args, **kwargs))
+        return [results[written], *results[:written], *results[written + 1:]]
+
+    return dataclasses.replace(lowering, fn=in_place)
+
+
 @functools.cache
 def spec(op: OpOverload) -> OpSpec:
     schema = op._schema
@@ -122,6 +142,8 @@ def spec(op: OpOverload) -> OpSpec:
         if functional is not None:
             lowering = registry.get(functional)
             uses_functional = lowering is not None
+            if uses_functional and not is_out:
+                lowering = _self_first(lowering, functional)
     fresh = sum(1 for r in schema.returns if r.alias_info is None)
     return OpSpec(
         op, tuple(args), sum(1 for a in args if not a.kwarg_only), mutated, is_out, is_view,
