@@ -149,6 +149,22 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "pjrt defines no legacy typed-storage classes (TypedStorage is deprecated): "
             "storage_type() returns None, as on any PrivateUse1 device without them", True),
     },
+    "test_nn.py": {
+        "TestNNDeviceType.test_TransformerEncoderLayer_empty": (
+            "feeds a strided-layout nested tensor (torch.nested.nested_tensor without "
+            "layout=torch.jagged) to TransformerEncoderLayer in eval mode, whose fast path "
+            "PyTorch takes on PrivateUse1 devices too (_transformer_encoder_layer_fwd): ATen "
+            "registers the strided nested-tensor kernels for the NestedTensorCPU and "
+            "NestedTensorCUDA keys only, and pjrt has none under NestedTensorPrivateUse1 "
+            "(even mul fails there); the jagged layout, a Python subclass over dense "
+            "tensors, runs on pjrt. The dense empty-input cases pass", True),
+        "TestNNDeviceType.test_upsamplingBiMode2d_nonsupported_dtypes_*_mode_bi*_uint8": (
+            "expects every device but the CPU to refuse uint8 bilinear and bicubic "
+            "interpolation (`device == \"cpu\"` in the test: CUDA's kernels have no uint8); "
+            "pjrt interpolates uint8 as the CPU does, bit for bit (test_uint8_images_bit_exact in "
+            "tests/lowering/test_upsample.py) instead of raising \"not implemented for\"",
+            True),
+    },
     "test_autograd.py": {
         "TestAutogradDeviceType.test_sparse_*": (
             "sparse COO tensors: XLA arrays are dense and pjrt has no sparse layout", True),
