@@ -187,12 +187,35 @@ class _Scanned(torch.autograd.Function):
         return results[0], results[1], results[2]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_hn, d_cn):
         x, h0, c0, *rest = ctx.saved_tensors
         saved, params = rest[:ctx.n_saved], rest[ctx.n_saved:]
+        if torch.is_grad_enabled():  # create_graph: the gradients must be differentiable
+            return _differentiable_backward(ctx.flags, (x, h0, c0, *params),
+                                            (d_out, d_hn, d_cn))
         grads = lstm_backward(d_out, d_hn, d_cn, saved, x, h0, c0, params, *ctx.flags)
         return grads[0], grads[1], grads[2], None, *grads[3:]
+
+
+def _differentiable_backward(flags, inputs, grad_outputs):
+    """The backward under create_graph (double backward: gradgradcheck, gradient
+    penalties): lstm_backward's scans have no derivative of their own, and returned as they
+    are the gradients came back as constants, so a second backward gave zeros. Here
+    PyTorch's composite runs the forward again under autograd, per step and layer, and its
+    gradients carry their graph, as on the CPU."""
+    has_biases, num_layers, bidirectional, batch_first = flags
+    x, h0, c0, *params = inputs
+    with torch.enable_grad():
+        outs = torch.ops.aten.lstm.input.decompose(
+            x, [h0, c0], list(params), has_biases, num_layers, 0.0, False, bidirectional,
+            batch_first)
+        wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
+        got = torch.autograd.grad(outs, [inputs[i] for i in wanted], grad_outputs,
+                                  create_graph=True, allow_unused=True)
+    grads = [None] * len(inputs)
+    for i, g in zip(wanted, got):
+        grads[i] = g
+    return grads[0], grads[1], grads[2], None, *grads[3:]
 
 
 def scanned(inp, h0, c0, params, flags):
