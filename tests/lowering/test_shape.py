@@ -80,6 +80,28 @@ def test_reflect_replicate_pad_and_backward(mode, shape, pad):
     assert not fallbacks_of(["pad"])
 
 
+@pytest.mark.parametrize("eager", ["strict", "fused"])
+@pytest.mark.parametrize("kind", ["reflection", "replication"])
+def test_reflect_replicate_pad_check_the_input_rank(eager, kind):
+    # the meta kernels of the 2-d and 3-d pads check nothing: a 5-d input to
+    # reflection_pad2d failed in the lowering with a broadcasting ValueError
+    import torch_pjrt
+
+    cases = [(1, (3, 3, 10, 10)), (2, (3, 3, 10, 10, 10)), (3, (3, 3, 10, 10, 10, 10)),
+             (2, (43, 0, 10, 10)), (2, (10, 10)), (3, (2, 3, 0, 4, 4))]
+    with torch_pjrt.set_eager_mode(eager):
+        for n, shape in cases:
+            op = getattr(torch.ops.aten, f"{kind}_pad{n}d")
+            with pytest.raises(RuntimeError) as cpu_error:
+                op(torch.randn(shape), [2] * (2 * n))
+            expected = re.escape(str(cpu_error.value).split(" (batch mode)")[0])
+            with pytest.raises(RuntimeError, match=expected):
+                op(torch.randn(shape, device="pjrt"), [2] * (2 * n))
+        empty_batch = torch.randn(0, 3, 5, 5)
+        assert_same(getattr(torch.ops.aten, f"{kind}_pad2d")(empty_batch.to("pjrt"), [2] * 4),
+                    getattr(torch.ops.aten, f"{kind}_pad2d")(empty_batch, [2] * 4))
+
+
 # -------------------------------------------------- scatters and backwards
 def test_select_slice_diagonal_backward():
     x = torch.randn(4, 5, 6, requires_grad=True)

@@ -82,15 +82,29 @@ def _pad_backward(grad, x, padding, mode):
     return pullback(grad)[0]
 
 
+def _check_pad_input(x, padding):
+    """ATen's shape check of the reflection and replication pads: nD padding takes an
+    (n+1)-d or (n+2)-d input, every dimension but the batch nonzero. PyTorch's meta kernels
+    of the 2-d and 3-d pads do not check it: a 5-d input to reflection_pad2d reached the
+    lowering and failed there with a broadcasting ValueError."""
+    n = len(padding) // 2
+    if x.ndim not in (n + 1, n + 2) or 0 in x.shape[x.ndim - n - 1:]:
+        raise RuntimeError(
+            f"Expected {n + 1}D or {n + 2}D (batch mode) tensor with possibly 0 batch size "
+            f"and other non-zero dimensions for input, but got: {list(x.shape)}")
+
+
 @lower(aten.reflection_pad1d.default, aten.reflection_pad2d.default,
        aten.reflection_pad3d.default)
 def reflection_pad(x, padding):
+    _check_pad_input(x, padding)
     return _pad_mode(x, padding, "reflect")
 
 
 @lower(aten.replication_pad1d.default, aten.replication_pad2d.default,
        aten.replication_pad3d.default)
 def replication_pad(x, padding):
+    _check_pad_input(x, padding)
     return _pad_mode(x, padding, "edge")
 
 
