@@ -173,3 +173,22 @@ def test_ctc_targets_outside_the_classes_raise():
         t[1, 0] = bad
         with pytest.raises(RuntimeError, match=f"target {bad} is out of bounds for 5 classes"):
             F.ctc_loss(*to_device((log_probs, t)), *lengths).cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape,target_shape", [((6, 4), (6,)), ((3, 4, 5, 2), (3, 5, 2))])
+def test_nll_loss_takes_a_uint8_target(mode, reduction, shape, target_shape):
+    # the CPU's kernels take a Byte target; the meta function (a decomposition through
+    # gather) refused it: "gather(): Expected dtype int32/int64 for index"
+    x = torch.randn(shape)
+    t = torch.randint(0, 4, target_shape, dtype=torch.uint8)
+    w = torch.rand(4)
+    with torch_pjrt.set_eager_mode(mode):
+        if len(shape) == 2:
+            _check(lambda x, t, w: F.nll_loss(x, t, w, reduction=reduction), x, t, w)
+        else:  # nll_loss2d's CPU kernel refuses it: so does pjrt
+            with pytest.raises(RuntimeError, match="expected scalar type Long"):
+                F.nll_loss(x, t, w, reduction=reduction)
+            with pytest.raises(RuntimeError, match="expected scalar type Long"):
+                F.nll_loss(*to_device((x, t, w)), reduction=reduction).cpu()

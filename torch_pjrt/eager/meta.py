@@ -113,6 +113,11 @@ def run_meta(spec: OpSpec, values: list):
     accept = _CPU_ACCEPTS.get(str(spec.op))
     if accept is not None and (written := accept(values)) is not None:
         return metas, metas[written]
+    if str(spec.op) in _BYTE_TARGETS:
+        # the CPU's nll_loss kernel takes a uint8 target as it takes int64; the meta
+        # function (a decomposition through gather) refuses it
+        metas = [m.to(torch.int64) if a.name == "target" and isinstance(m, torch.Tensor)
+                 and m.dtype == torch.uint8 else m for a, m in zip(spec.args, metas)]
     try:
         with _no_cuda_alerts():
             if str(spec.op) in _KEEP_OUT_SHAPE:
@@ -197,6 +202,9 @@ _CPU_RESULT_DTYPES = {"aten.pow.Tensor_Scalar": _bool_pow,
                       "aten.normal.Tensor_Tensor": _input_dtype}
 # Calls the meta function refuses and CPU and CUDA run: each gives the position of the
 # argument whose layout the result has, or None to leave the call to the meta function.
+# (nll_loss2d's CPU kernels refuse a Byte target: "expected scalar type Long")
+_BYTE_TARGETS = frozenset({"aten.nll_loss_forward.default", "aten.nll_loss_backward.default"})
+
 _CPU_ACCEPTS = {"aten.pow_.Scalar": _bool_pow_written,
                 "aten.pow.Tensor_Scalar_out": _bool_pow_written}
 
