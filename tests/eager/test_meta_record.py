@@ -53,12 +53,18 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(mode: str, cache: str) -> dict:
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=cache)
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, mode, _CASES], env=env,
+def _in_a_new_process(script: str, cache, *args: str) -> str:
+    """`script`'s standard output, run with `args` in a new process on the cache `cache`."""
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache))
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return done.stdout
+
+
+def _run(mode: str, cache: str) -> dict:
+    stdout = _in_a_new_process(_SCRIPT, cache, mode, _CASES)
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
 
@@ -132,13 +138,8 @@ def test_a_record_stands_only_for_the_same_run_time_numbers(tmp_path):
               "try:\n    print(t.fill_(int(sys.argv[1])).tolist())\n"
               "except RuntimeError as e:\n    print('raised', e)\n"
               "print(torch_pjrt.metrics().get('meta_records_used', 0))\n")
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path))
-    seen = []
-    for value in (5, 5, 1000):
-        done = subprocess.run([sys.executable, "-c", script, str(value)], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-2000:]
-        seen.append(done.stdout.split("\n")[:2])
+    seen = [_in_a_new_process(script, tmp_path, str(value)).split("\n")[:2]
+            for value in (5, 5, 1000)]
     assert seen[0] == ["[5, 5]", "0"] and seen[1][0] == "[5, 5]"
     assert seen[2][0] == "raised " + str(cpu.value)
     # the second process took zeros' and fill_'s records, the third only zeros'
@@ -161,13 +162,8 @@ def test_deterministic_algorithms_run_the_checks_a_record_was_made_without(tmp_p
               "    t.put_(torch.tensor([0, 1], device='pjrt'), torch.ones(2, device='pjrt'))\n"
               "    print(t.tolist())\n"
               "except RuntimeError as e:\n    print('raised', str(e).splitlines()[0])\n")
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path))
-    seen = []
-    for deterministic in ("0", "1"):
-        done = subprocess.run([sys.executable, "-c", script, deterministic], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-2000:]
-        seen.append(done.stdout.strip().splitlines()[-1])
+    seen = [_in_a_new_process(script, tmp_path, deterministic).strip().splitlines()[-1]
+            for deterministic in ("0", "1")]
     assert seen[0] == "[1.0, 1.0, 0.0]"
     assert seen[1] == "raised " + str(cpu.value).splitlines()[0]
 
