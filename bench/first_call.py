@@ -210,7 +210,7 @@ def child(key: str, candidate: str, small: bool) -> None:
         out["metrics"] = {k: m.get(k, 0) for k in (
             "compiles", "compile_seconds", "disk_cache_hits", "disk_cache_misses",
             "flushes", "recompiles", "aot_cache_hits", "xla_compiles", "xla_compile_seconds",
-            "tiered_pieces", "tiered_ops", "background_compiles_queued",
+            "tiered_pieces", "tiered_ops", "host_ops", "background_compiles_queued",
             "background_compiles", "background_compile_seconds", "graph_loops")}
     print("FIRST_CALL " + json.dumps(out), flush=True)
 
@@ -357,9 +357,9 @@ def markdown(report: dict) -> str:
     lines += ["", "Imports (seconds from the start to the end of `import torch`, "
               "`torch_pjrt`, `transformers`) and compiles of the first call "
               "(`torch_pjrt.metrics()`: programs compiled by XLA / loaded from the disk cache, "
-              "seconds compiling or loading; pieces / ops run op by op, where any; fused "
-              "programs compiled in the background / queued by the end of the call, where "
-              "any):", "",
+              "seconds compiling or loading; pieces / ops run op by op (of those ops, how "
+              "many on the host), where any; fused programs compiled in the background / "
+              "queued by the end of the call, where any):", "",
               "| workload | " + " | ".join(names) + " |",
               "| --- | " + " | ".join("---:" for _ in names) + " |"]
     for key, by in s.items():
@@ -375,6 +375,7 @@ def markdown(report: dict) -> str:
                 f"{m['compile_seconds']:.1f} s" if m else "") + (
                 f"; {m['tiered_pieces']} / {m['tiered_ops']} op by op"
                 if m and m.get("tiered_pieces") else "") + (
+                f" ({m['host_ops']} on the host)" if m and m.get("host_ops") else "") + (
                 f"; {m['background_compiles']} / {m['background_compiles_queued']} behind"
                 if m and m.get("background_compiles_queued") else ""))
         lines.append(f"| {key} | " + " | ".join(cells) + " |")

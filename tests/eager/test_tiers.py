@@ -232,14 +232,16 @@ def test_a_training_loop_switches_to_its_fused_step_with_the_same_losses():
     _as_accurate(got, expected, 9)
     m = torch_pjrt.metrics()
     assert m["tiered_pieces"] > 0 and m["background_compiles"] >= 1
-    # after the switch: the step's fused programs, nothing compiled; only the first
-    # forward (before any backward: seen once before) runs op by op once more
+    # after the switch: the step's fused programs; only the first forward (before any
+    # backward: seen once before) runs op by op once more, and compiles the programs of
+    # the exact ops its first run computed on the host (eager/host_ops.py), nothing else
     torch_pjrt.wait_for_compiles()
     compiles = torch_pjrt.metrics()["compiles"]
     tiered = torch_pjrt.metrics()["tiered_pieces"]
+    on_host = torch_pjrt.metrics().get("host_ops", 0)
     _as_accurate(_train("pjrt", 6), expected, 6)
     m = torch_pjrt.metrics()
-    assert m["compiles"] == compiles and m["tiered_pieces"] - tiered <= 1
+    assert m["compiles"] - compiles <= on_host and m["tiered_pieces"] - tiered <= 1
 
 
 def test_op_by_op_is_bit_identical_to_strict_mode():

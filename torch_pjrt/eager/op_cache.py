@@ -27,7 +27,8 @@ class Entry:
                  "targets", "target_slots", "written", "donate", "resize", "checks", "checked",
                  "name",
                  "digest", "device", "signature", "values", "random", "call", "ordered",
-                 "alias_return", "products", "jaxpr", "alone", "quick", "draws")
+                 "alias_return", "products", "jaxpr", "alone", "quick", "draws", "host",
+                 "host_epoch", "host_seconds")
 
     def __init__(self):
         self.fn = None  # launches the jitted program (strict and debug modes)
@@ -69,6 +70,12 @@ class Entry:
         # The same program compiled quickly (compile_cache.quick_options), for fused
         # graphs run op by op until their program is compiled (eager/tiers.py).
         self.quick: _Launcher | None = None
+        # Graphs run op by op compute it on the host where it is exact (eager/host_ops.py):
+        # its jaxpr there, False where it may not, None until asked; the flush it ran in,
+        # and the seconds its runs there took.
+        self.host = None
+        self.host_epoch: int | None = None
+        self.host_seconds = 0.0
 
     def set_checks(self, checks: list | None) -> None:
         """Device-side checks of a program loaded from disk (tracing would have found them)."""

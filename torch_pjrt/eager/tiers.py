@@ -16,7 +16,7 @@ import torch
 from .. import _env, counters
 from ..lowering import checks
 from ..runtime import client, compile_cache, compile_pool, device_trace, watch
-from . import op_cache
+from . import host_ops, op_cache
 from .scalars import device_scalar
 
 if TYPE_CHECKING:
@@ -122,7 +122,9 @@ def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:
         values = [device_scalar(v, device) for v in dyn[d:d + n_dyn]] if n_dyn else []
         d += n_dyn
         launcher = _launcher(entry)
-        if profiling:
+        if launcher.compiled is None and host_ops.wanted(entry, epoch):
+            res = host_ops.run(entry, a, values, device)
+        elif profiling:
             node = nodes[piece.start + i]
             res = device_trace.launch(launcher.launch, launcher.digest, device, [a, values],
                                       a[:len(entry.donate)],
@@ -144,14 +146,16 @@ def _prepare(piece: Piece, args: list, dyn, device: int) -> None:
     sharding = None
     d = 0
     for entry, refs, n_dyn in piece.wiring:
-        if _launcher(entry).compiled is None and id(entry) not in seen:
+        launcher = _launcher(entry)
+        if launcher.compiled is None and id(entry) not in seen:
             seen.add(id(entry))
             if sharding is None:
                 sharding = jax.sharding.SingleDeviceSharding(client.device(device))
             a = [None if r is None else args[r] if type(r) is int else
                  _aval(piece.wiring[r[0]][0].result_avals[r[1]], sharding) for r in refs]
             values = [device_scalar(v, device) for v in dyn[d:d + n_dyn]]
-            todo.append((entry, a, values))
+            if host_ops.plan(entry, launcher, a, values, epoch) is None:
+                todo.append((entry, a, values))
         d += n_dyn
     if not todo:
         return

@@ -1,0 +1,197 @@
+"""Exact ops of a graph run op by op are computed on the host while they have no program
+(eager/host_ops.py): NumPy's evaluation of an op's jaxpr equals XLA's bit for bit, only
+exact steps qualify, and a decode loop whose cache grows by a token a step compiles no
+program per length for its concatenations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from jax import lax
+
+import torch_pjrt
+from torch_pjrt.eager import graph, host_ops, loops, tiers
+
+
+def _both(f, *args):
+    """f's results from XLA and from host_ops' NumPy evaluation of its jaxpr."""
+    closed = jax.make_jaxpr(f)(*args)
+    assert host_ops._exact(closed.jaxpr), closed
+    with np.errstate(all="ignore"):
+        host = host_ops._evaluate(closed.jaxpr, closed.consts, [np.asarray(a) for a in args])
+    xla = jax.tree.leaves(jax.jit(f)(*args))
+    return host, [np.asarray(x) for x in xla]
+
+
+_I8 = np.array([[120, -128, 7], [-5, 127, 0]], np.int8)
+_I64 = np.arange(24, dtype=np.int64).reshape(2, 3, 4) * 1_000_000_007
+_F32 = np.array([[1.5, np.nan, -0.0], [np.inf, -2.25, 3e-39]], np.float32)
+
+EXACT_CASES = {
+    "concatenate": (lambda a, b: jnp.concatenate([a, b, a], 1), _F32, _F32[:, :2]),
+    "slice, strided": (lambda a: a[1:, ::2, 3:0:-1], _I64),
+    "pad: interior, negative low": (
+        lambda a: lax.pad(a, jnp.int64(-9), [(-1, 2, 0), (1, -1, 2), (0, 0, 1)]), _I64),
+    "dynamic_slice clamps its start": (
+        lambda a, i: lax.dynamic_slice(a, (i, i, i), (2, 2, 3)), _I64, np.int32(7)),
+    "dynamic_update_slice clamps its start": (
+        lambda a, u, i: lax.dynamic_update_slice(a, u, (i, -i)), _F32, _F32[:1, :2],
+        np.int64(5)),
+    "select_n of floats by an integer comparison": (
+        lambda a, b, i: jnp.where(i > 0, a, b), _F32, _F32[::-1], _I8[:, :3]),
+    "integer comparisons": (
+        lambda a, b: (a == b, a != b, a < b, a >= b), _I8, _I8[::-1]),
+    "integer arithmetic wraps": (
+        lambda a, b: (a + b, a * b, a - b, -a, jnp.maximum(a, b), a & b, a ^ b, ~a),
+        _I8, _I8[::-1]),
+    "integer conversions wrap": (
+        lambda a: (a.astype(jnp.int8), a.astype(jnp.uint16), a.astype(bool),
+                   (a > 5).astype(jnp.int32)), _I64),
+    "cumsum, both ways": (
+        lambda a: (jnp.cumsum(a, 1), lax.cumsum(a, 2, reverse=True)), _I64),
+    "iota and broadcast": (
+        lambda a: jnp.arange(4, dtype=jnp.int64)[None, :] + jnp.broadcast_to(a[:, :1], (3, 4)),
+        _I64[0]),
+    "integer reductions": (
+        lambda a, b: (jnp.sum(a, (0, 2)), jnp.max(b, 1), jnp.min(a, 0), jnp.argmax(b, 1),
+                      jnp.any(b > 3, 0), jnp.all(b > -100, 1)),
+        _I64, np.array([[1, 9, 9, -3], [4, 4, 0, 2]], np.int8)),
+    "transpose, rev, squeeze": (
+        lambda a: (jnp.transpose(a, (2, 0, 1)), jnp.flip(a, (0, 2)), a[:1, :, :1].squeeze()),
+        _I64),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXACT_CASES))
+def test_numpy_evaluates_exact_steps_as_xla_does(case):
+    f, *args = EXACT_CASES[case]
+    host, xla = _both(f, *args)
+    assert len(host) == len(xla)
+    for h, x in zip(host, xla):
+        assert h.dtype == x.dtype and h.shape == x.shape
+        assert h.tobytes() == x.tobytes()  # bit for bit (NaN payloads and -0 included)
+
+
+@pytest.mark.parametrize("f, args", [
+    (lambda a: a + a, (_F32,)),  # rounding: the compiler's
+    (lambda a: a.astype(jnp.int32), (_F32,)),  # float to integer: saturating or not
+    (lambda a: a.astype(jnp.float32), (_I64,)),  # integer to float: rounding
+    (lambda a, b: a // b, (_I8, _I8)),  # division: rounding, and by zero
+    (lambda a: a >> 2, (_I8,)),  # shifts: out-of-range counts
+    (lambda a: jnp.sum(a), (_F32,)),  # a float reduction: the compiler's order
+    (lambda a: jnp.max(a, 0), (_I64[:, :0],)),  # an empty reduction
+    (lambda a: a.astype(jnp.float32) * 2, (np.array([True, False]),)),
+])
+def test_inexact_or_unlisted_steps_keep_their_program(f, args):
+    assert not host_ops._exact(jax.make_jaxpr(f)(*args).jaxpr)
+
+
+@pytest.fixture
+def _op_by_op(monkeypatch):
+    torch_pjrt.ensure_initialized()
+    monkeypatch.setenv("TORCH_PJRT_COMPILE_CACHE", "0")
+    monkeypatch.setattr(tiers, "PREFER_OPS", 1e9)  # op by op wherever a graph may
+    monkeypatch.setattr(tiers, "enabled", True)
+    monkeypatch.setattr(loops, "enabled", True)
+    torch_pjrt.wait_for_compiles()  # (an earlier test's, counted otherwise)
+    with torch_pjrt.set_eager_mode("fused"):
+        yield
+    torch_pjrt.wait_for_compiles()
+
+
+def _decode(device, steps: int, prompt: int = 3):
+    """A dynamic-cache decode loop as transformers' generate() runs it: the cache, the
+    attention mask and the tokens grow by one a step, and each step reads a value back."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 8, generator=g).to(device)
+    tokens = torch.arange(prompt, device=device)[None] % 7
+    mask = torch.ones_like(tokens)
+    cache = w[tokens[0]]
+    for _ in range(steps):
+        position = mask.long().cumsum(-1) - 1  # integer bookkeeping, one length a step
+        x = w[tokens[0, -1:]] + position[0, -1:].float()[:, None] / 8
+        cache = torch.cat([cache, x])
+        scores = (cache @ x.T).softmax(0)
+        token = ((scores * cache).sum(0) @ w.T).argmax()[None, None]
+        tokens = torch.cat([tokens, token], -1)
+        mask = torch.cat([mask, torch.ones_like(token)], -1)
+        if tokens.max().item() < 0:  # generate()'s stopping check: a read each step
+            break
+    return tokens.cpu(), cache.cpu()
+
+
+def test_a_growing_cache_compiles_no_program_per_length(_op_by_op, monkeypatch):
+    # the host off first, on other lengths: what every length shares compiles here
+    with monkeypatch.context() as off:
+        off.setattr(host_ops, "MAX_BYTES", 0)
+        expected = _decode("cpu", 12, prompt=30)
+        torch_pjrt.counters.reset()
+        assert torch.equal(_decode("pjrt", 12, prompt=30)[0], expected[0])
+        torch_pjrt.wait_for_compiles()
+        without = torch_pjrt.metrics()["xla_compiles"]
+    expected = _decode("cpu", 12)
+    graph.forget()
+    torch_pjrt.counters.reset()
+    got = _decode("pjrt", 12)
+    torch_pjrt.wait_for_compiles()
+    m = torch_pjrt.metrics()
+    assert torch.equal(got[0], expected[0])
+    torch.testing.assert_close(got[1], expected[1])
+    # every step's concatenations, cumsum, max and slices of a new length ran on the host;
+    # what still compiles a program per length is the float math (mm, softmax, mul, sum),
+    # the gather and the int-to-float conversion
+    assert m["host_ops"] >= 12 * 4
+    assert m["xla_compiles"] <= 12 * 6 + 6
+    assert without >= m["xla_compiles"] + 12 * 3
+
+
+def test_an_op_wanted_again_in_a_later_flush_gets_its_program(_op_by_op):
+    a = torch.arange(6, device="pjrt").reshape(2, 3)
+    b = torch.arange(6, device="pjrt").reshape(3, 2).T
+    expected = torch.cat([a.cpu(), b.cpu()], 1).T
+    graph.forget()
+    torch_pjrt.counters.reset()
+    counts = []
+    for _ in range(3):
+        c = torch.cat([a, b], 1).T.contiguous()  # two ops: the graph runs op by op
+        assert torch.equal(c.cpu(), expected)
+        m = torch_pjrt.metrics()
+        counts.append((m.get("host_ops", 0), m.get("xla_compiles", 0)))
+    # the first flush on the host; the second compiles the ops' programs and runs them
+    assert counts[0] == (2, 0)
+    assert counts[1][0] == counts[2][0] == 2 and counts[1][1] >= 2
+
+
+def test_large_operands_keep_their_program(_op_by_op, monkeypatch):
+    monkeypatch.setattr(host_ops, "MAX_BYTES", 64)
+    graph.forget()
+    torch_pjrt.counters.reset()
+    a = torch.arange(100, device="pjrt")
+    assert torch.equal(torch.cat([a, a]).cpu(), torch.cat([torch.arange(100)] * 2))
+    assert torch_pjrt.metrics().get("host_ops", 0) == 0
+
+
+def test_a_loop_within_one_flush_gets_its_programs_after_a_few_steps(_op_by_op,
+                                                                    monkeypatch):
+    """A static-cache loop records every step into one flush: its exact ops (the position
+    bookkeeping, the token's concatenation) recur within it and get their programs once
+    their runs on the host have cost BUDGET seconds, instead of waiting for their operands
+    every step."""
+    monkeypatch.setattr(host_ops, "BUDGET", 1e-9)  # one run each
+    def loop(device):
+        w = torch.arange(64, device=device).reshape(8, 8) % 5
+        pos = torch.zeros(1, dtype=torch.long, device=device)
+        cache = torch.zeros(8, 8, dtype=torch.long, device=device)
+        for _ in range(30):
+            cache.index_copy_(0, pos % 8, w[pos % 8] + pos)
+            pos = torch.cat([pos + 1, pos])[:1]  # exact: cat, add, slice
+        return cache.cpu()
+
+    expected = loop("cpu")
+    graph.forget()
+    torch_pjrt.counters.reset()
+    assert torch.equal(loop("pjrt"), expected)
+    m = torch_pjrt.metrics()
+    assert m["flushes"] == 1 and m["tiered_ops"] >= 30 * 3
+    assert 1 <= m["host_ops"] <= 12  # its ten distinct exact ops, once each (not 90)

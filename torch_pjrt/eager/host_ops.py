@@ -1,0 +1,302 @@
+"""Exact ops of a graph run op by op, computed on the host where they have no program yet.
+
+A fused graph whose program is not compiled runs op by op (eager/tiers.py), and each op
+without a program of its own compiles one first: 20-80 ms of XLA for a concatenation. A
+decode loop whose KV cache or attention mask grows by a token a step meets a new length
+at every step, so those programs serve one call each. Where an op's traced lowering (its
+jaxpr) is made only of steps whose result does not depend on who computes it (moving
+data: reshapes, slices, concatenations, broadcasts, transposes, selects; integer and
+boolean arithmetic and comparisons, which wrap and compare the same everywhere), NumPy
+evaluates it on the host in well under a millisecond, bit for bit what the program would
+compute. Float arithmetic and comparisons are never run here (rounding, denormals flushed
+to zero, fused multiply-adds and reductions' order belong to the compiler); float data is
+only moved.
+
+The rule (tiers.run_ops): an op runs here while (a) no program for it is compiled or on
+disk, (b) every step of its jaxpr is exact, (c) its operands and results hold at most
+MAX_BYTES, (d) it has been wanted in one flush only, and (e) its runs here have taken
+less than BUDGET seconds, about what compiling its program would: an op wanted in a later
+flush, or again and again within one (a loop's steps run op by op while their fused
+program compiles), recurs and gets its program as before. A new length of a growing cache
+is wanted by one step's layers and never again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jcore
+
+from .. import counters
+from ..runtime import client, compile_cache, device_trace, watch
+
+MAX_BYTES = 1 << 20  # operands and results together: transfers stay cheap on any device
+# Seconds an op may spend on the host (its runs wait for their operands, and transfer
+# them: 0.3-3 ms each) before it gets its program: about a quick compile's lowering and
+# compile (eager/tiers.py's OP_LOWER + OP_COMPILE on XLA:CPU; more on other devices).
+BUDGET = 0.04
+
+_INT_KINDS = "iub"  # signed, unsigned, bool: integer conversions
+_ARITHMETIC = "iu"  # wrapping arithmetic (NumPy refuses some of it on bool)
+
+
+def _ints(*avals, kinds: str = _INT_KINDS) -> bool:
+    return all(np.dtype(a.dtype).kind in kinds for a in avals)
+
+
+def _same(x, aval):
+    return x
+
+
+def _select_n(which, *cases):
+    if np.dtype(which.dtype) == np.bool_:
+        which = which.astype(np.int32)
+    return np.choose(which, cases) if cases[0].ndim or which.ndim else cases[int(which)]
+
+
+def _iota(*, dtype, shape, dimension, **_):
+    n = shape[dimension]
+    r = np.arange(n, dtype=dtype).reshape([n if i == dimension else 1 for i in
+                                          range(len(shape))])
+    return np.broadcast_to(r, shape)
+
+
+def _broadcast_in_dim(x, *, shape, broadcast_dimensions, **_):
+    expanded = np.reshape(x, [x.shape[broadcast_dimensions.index(i)]
+                              if i in broadcast_dimensions else 1 for i in range(len(shape))])
+    return np.broadcast_to(expanded, shape)
+
+
+def _slice(x, *, start_indices, limit_indices, strides):
+    steps = strides or (1,) * x.ndim
+    return x[tuple(slice(s, e, t) for s, e, t in zip(start_indices, limit_indices, steps))]
+
+
+def _clamped_starts(x_shape, sizes, starts) -> list[int]:
+    """XLA's dynamic slices move their start indices into bounds."""
+    return [min(max(int(s), 0), d - n) for s, d, n in zip(starts, x_shape, sizes)]
+
+
+def _dynamic_slice(x, *starts, slice_sizes):
+    begin = _clamped_starts(x.shape, slice_sizes, starts)
+    return x[tuple(slice(b, b + n) for b, n in zip(begin, slice_sizes))]
+
+
+def _dynamic_update_slice(x, update, *starts):
+    begin = _clamped_starts(x.shape, update.shape, starts)
+    out = np.array(x, copy=True)
+    out[tuple(slice(b, b + n) for b, n in zip(begin, update.shape))] = update
+    return out
+
+
+def _pad(x, value, *, padding_config):
+    """lax.pad: `interior` values between elements, then `low`/`high` at the ends (a
+    negative one cuts)."""
+    for axis, (low, high, interior) in enumerate(padding_config):
+        low, high, interior = int(low), int(high), int(interior)
+        if interior and x.shape[axis] > 1:
+            n = x.shape[axis]
+            shape = list(x.shape)
+            shape[axis] = n + (n - 1) * interior
+            spread = np.full(shape, value, dtype=x.dtype)
+            index = [slice(None)] * x.ndim
+            index[axis] = slice(None, None, interior + 1)
+            spread[tuple(index)] = x
+            x = spread
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (max(low, 0), max(high, 0))
+        x = np.pad(x, widths, constant_values=value)
+        cut = [slice(None)] * x.ndim
+        cut[axis] = slice(max(-low, 0), x.shape[axis] - max(-high, 0))
+        x = x[tuple(cut)]
+    return x
+
+
+def _squeeze(x, *, dimensions):
+    return np.squeeze(x, axis=tuple(dimensions)) if dimensions else x
+
+
+def _convert(x, *, new_dtype, **_):
+    return x.astype(new_dtype)
+
+
+def _exact_convert(eqn) -> bool:
+    src, dst = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.params["new_dtype"])
+    return src == dst or (src.kind in _INT_KINDS and dst.kind in _INT_KINDS)
+
+
+def _clamp(lo, x, hi):
+    return np.minimum(np.maximum(x, lo), hi)
+
+
+def _cumsum(x, *, axis, reverse):
+    if reverse:
+        return np.flip(np.cumsum(np.flip(x, axis), axis=axis, dtype=x.dtype), axis)
+    return np.cumsum(x, axis=axis, dtype=x.dtype)
+
+
+def _reduce(f):
+    return lambda x, *, axes, **_: f(x, axis=tuple(axes))
+
+
+def _arg(f):
+    def arg(x, *, axes, index_dtype):
+        return f(x, axis=axes[0]).astype(index_dtype)  # (the first of equal values, as XLA)
+    return arg
+
+
+def _elementwise(f):
+    """An elementwise step: its parameters (an accumulation dtype) are checked by _exact."""
+    return lambda *xs, **_: f(*xs)
+
+
+# primitive -> (NumPy evaluation, when the step is exact: None for always)
+_ALWAYS = None
+_STEPS: dict[str, tuple[Any, Any]] = {
+    "reshape": (lambda x, *, new_sizes, **_: np.reshape(x, new_sizes),
+                lambda eqn: eqn.params.get("dimensions") is None),
+    "squeeze": (_squeeze, _ALWAYS),
+    "broadcast_in_dim": (_broadcast_in_dim, _ALWAYS),
+    "transpose": (lambda x, *, permutation: np.transpose(x, permutation), _ALWAYS),
+    "slice": (_slice, _ALWAYS),
+    "dynamic_slice": (_dynamic_slice, _ALWAYS),
+    "dynamic_update_slice": (_dynamic_update_slice, _ALWAYS),
+    "concatenate": (lambda *xs, dimension: np.concatenate(xs, axis=dimension), _ALWAYS),
+    "pad": (_pad, _ALWAYS),
+    "cumsum": (_cumsum, "arithmetic"),
+    "reduce_sum": (_reduce(np.sum), "arithmetic"),
+    "reduce_max": (_reduce(np.max), "ints"), "reduce_min": (_reduce(np.min), "ints"),
+    "reduce_or": (_reduce(np.bitwise_or.reduce), "ints"),
+    "reduce_and": (_reduce(np.bitwise_and.reduce), "ints"),
+    "argmax": (_arg(np.argmax), "ints"), "argmin": (_arg(np.argmin), "ints"),
+    "rev": (lambda x, *, dimensions: np.flip(x, axis=tuple(dimensions)), _ALWAYS),
+    "select_n": (_select_n, _ALWAYS),
+    "iota": (_iota, lambda eqn: _ints(*[v.aval for v in eqn.outvars])),
+    "copy": (_same, _ALWAYS),
+    "copy_p": (_same, _ALWAYS),
+    "convert_element_type": (_convert, _exact_convert),
+    # (integer comparisons only: XLA:CPU treats float denormals as zero, and rewrites a
+    # float comparison selecting its own operands into max/min)
+    **{name: (_elementwise(f), "ints") for name, f in (
+        ("eq", np.equal), ("ne", np.not_equal), ("lt", np.less), ("le", np.less_equal),
+        ("gt", np.greater), ("ge", np.greater_equal))},
+    **{name: (_elementwise(f), "arithmetic") for name, f in (
+        ("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("neg", np.negative))},
+    **{name: (_elementwise(f), "ints") for name, f in (
+        ("max", np.maximum), ("min", np.minimum), ("clamp", _clamp),
+        ("and", np.bitwise_and), ("or", np.bitwise_or), ("xor", np.bitwise_xor),
+        ("not", np.invert))},
+}
+
+
+def _exact(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("pjit", "jit", "closed_call"):
+            inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            if inner is None or not _exact(getattr(inner, "jaxpr", inner)):
+                return False
+            continue
+        step = _STEPS.get(name)
+        if step is None:
+            return False
+        when = step[1]
+        if name.startswith(("reduce_", "arg")) and not np.prod(eqn.invars[0].aval.shape):
+            return False  # (NumPy refuses an empty max)
+        out_dtype = eqn.params.get("out_dtype")
+        if out_dtype is not None and any(np.dtype(out_dtype) != np.dtype(v.aval.dtype)
+                                         for v in eqn.invars):
+            return False  # computed in a wider type than its operands
+        if when in ("ints", "arithmetic"):
+            kinds = _INT_KINDS if when == "ints" else _ARITHMETIC
+            if not _ints(*[v.aval for v in eqn.invars], *[v.aval for v in eqn.outvars],
+                         kinds=kinds):
+                return False
+        elif when is not None and not when(eqn):
+            return False
+    return True
+
+
+def _evaluate(jaxpr, consts: list, args: list) -> list:
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for var, val in zip(jaxpr.constvars, consts):
+        env[var] = np.asarray(val)
+    for var, val in zip(jaxpr.invars, args):
+        env[var] = np.asarray(val, dtype=var.aval.dtype)
+    for eqn in jaxpr.eqns:
+        ins = [np.asarray(read(v), dtype=v.aval.dtype) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in ("pjit", "jit", "closed_call"):
+            inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            outs = _evaluate(getattr(inner, "jaxpr", inner), getattr(inner, "consts", []),
+                             ins)
+        else:
+            params = {k: v for k, v in eqn.params.items() if k not in ("sharding",)}
+            outs = _STEPS[name][0](*ins, **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for var, val in zip(eqn.outvars, outs):
+            # results in the step's own dtype (NumPy widens mixed operands; integer
+            # arithmetic wraps alike in either width)
+            env[var] = np.asarray(val).astype(var.aval.dtype, copy=False)
+    return [np.asarray(read(v), dtype=v.aval.dtype) for v in jaxpr.outvars]
+
+
+def plan(entry, launcher, args: list, values: list, epoch: int):
+    """The op's jaxpr where it runs on the host in this flush (module docstring), else
+    None. `args` are its storage buffers (arrays, or ShapeDtypeStructs of values an
+    earlier op of the graph computes), `values` its run-time scalars."""
+    host = entry.host
+    if host is False or (entry.host_epoch is not None and not wanted(entry, epoch)):
+        return None
+    if host is None:
+        if compile_cache.stored(launcher.digest) or entry.trace is None:
+            entry.host = False
+            return None
+        nbytes = sum(np.prod(a.shape) * np.dtype(a.dtype).itemsize for a in args
+                     if a is not None)
+        nbytes += sum(np.prod(shape) * np.dtype(dtype).itemsize
+                      for shape, dtype in entry.result_avals)
+        if nbytes > MAX_BYTES or entry.random:
+            entry.host = False
+            return None
+        try:
+            closed = jax.make_jaxpr(entry.trace)(*[None if a is None else
+                                                   jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                                   for a in args], *values)
+        except Exception:  # noqa: BLE001 - then it compiles, as it always did
+            entry.host = False
+            return None
+        entry.host = closed if _exact(closed.jaxpr) else False
+        if entry.host is False:
+            return None
+    entry.host_epoch = epoch
+    return entry.host
+
+
+def wanted(entry, epoch: int) -> bool:
+    """Whether the op, planned for the host in this flush (plan), runs there again."""
+    return entry.host_epoch == epoch and entry.host_seconds < BUDGET
+
+
+def run(entry, args: list, values: list, device: int) -> list:
+    """The op's results as device buffers, computed by NumPy from its operands."""
+    start = time.perf_counter()
+    traced = device_trace.now() if watch.profiling else None
+    closed = entry.host
+    flat = jax.tree.leaves(([a for a in args], list(values)))
+    with np.errstate(all="ignore"):
+        outs = _evaluate(closed.jaxpr, closed.consts, [np.asarray(a) for a in flat])
+    counters.count("host_ops")
+    target = client.device(device)
+    res = [jax.device_put(np.ascontiguousarray(o), target, may_alias=False) for o in outs]
+    entry.host_seconds += time.perf_counter() - start
+    if traced is not None:  # (a profile shows it on the host's row, with its op)
+        device_trace.host(f"pjrt host op: {entry.name}", traced, {"op": entry.signature})
+    return res
