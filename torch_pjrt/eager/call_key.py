@@ -186,21 +186,15 @@ def shared_offsets(spec: OpSpec, values: list) -> tuple:
     where one of them has a run-time offset: (argument, index in it, offset from the
     first of them) of each of its views, in argument order; () where there is none."""
     groups: dict[int, list] = {}
-    for pos, (a, v) in enumerate(zip(spec.args, values)):
-        if a.kind in (TENSOR, OPT_TENSOR):
-            items = [(0, v)]
-        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
-            items = list(enumerate(v))
-        else:
+    for pos, j, t in tensor_args(spec, values):
+        if not isinstance(t, torch.Tensor) or t.device.type != _PJRT:
             continue
-        for j, t in items:
-            if not isinstance(t, torch.Tensor) or t.device.type != _PJRT:
-                continue
-            try:
-                ptr = storage_ptr(t, a.write)
-            except (AttributeError, TypeError):
-                continue
-            groups.setdefault(ptr, []).append((pos, j, t, a.write))
+        write = spec.args[pos].write
+        try:
+            ptr = storage_ptr(t, write)
+        except (AttributeError, TypeError):
+            continue
+        groups.setdefault(ptr, []).append((pos, j, t, write))
     out = []
     for views in groups.values():
         if len(views) < 2 or not any(w for *_, w in views) or not any(
@@ -240,18 +234,23 @@ def signature_text(spec: OpSpec, key: tuple) -> str:
     return f"{spec.op}({', '.join(args)})"
 
 
+def tensor_args(spec: OpSpec, items):
+    """(argument position, index in its list, item) of each tensor argument's item, in
+    argument order; `items` are the call's values or its key's parts (key[1:]). A tensor
+    argument's index is 0; absent optional ones are given as None."""
+    for pos, (a, item) in enumerate(zip(spec.args, items)):
+        if a.kind in (TENSOR, OPT_TENSOR):
+            yield pos, 0, item
+        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
+            for j, x in enumerate(item):
+                yield pos, j, x
+
+
 def tensor_parts(spec: OpSpec, key: tuple):
     """Every pjrt tensor part of a key, in argument order."""
-    for a, part in zip(spec.args, key[1:]):
-        if a.kind in (TENSOR, OPT_TENSOR):
-            parts = (part,)
-        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
-            parts = part
-        else:
-            continue
-        for p in parts:
-            if p is not None and isinstance(p[0], int):
-                yield p
+    for _, _, p in tensor_args(spec, key[1:]):
+        if p is not None and isinstance(p[0], int):
+            yield p
 
 
 def unhashable(v):

@@ -17,7 +17,7 @@ from ..lowering import apply, checks
 from ..runtime import warm_start
 from ..storage import dtypes, views
 from . import graph
-from .call_key import DYNAMIC, unhashable
+from .call_key import DYNAMIC, tensor_args, unhashable
 from .errors import ExecutionError, runtime_error
 from .opspec import (
     GENERATOR,
@@ -252,23 +252,16 @@ def _shape_agnostic(spec: OpSpec, key: tuple) -> bool:
             (name.startswith("aten::_foreach_") and name != "aten::_foreach_mm")):
         return False
     shapes: dict[int, tuple] = {}  # list position -> the shape of the tensors there
-    for a, part in zip(spec.args, key[1:]):
-        if a.kind in (TENSOR, OPT_TENSOR):
-            parts = [(0, part)]
-        elif a.kind in (TENSOR_LIST, OPT_TENSOR_LIST):
-            parts = list(enumerate(part))
-        else:
-            continue
-        for position, p in parts:
-            if p is None or not isinstance(p[0], int):
-                continue  # absent, or a CPU scalar / number
-            shape, stride = tuple(p[2]), tuple(p[3])
-            if not shape:
-                continue  # 0-d: broadcasts against 1-D like against any shape
-            if not views.is_contiguous(shape, stride):
-                return False
-            if shapes.setdefault(position, shape) != shape:
-                return False
+    for _, position, p in tensor_args(spec, key[1:]):
+        if p is None or not isinstance(p[0], int):
+            continue  # absent, or a CPU scalar / number
+        shape, stride = tuple(p[2]), tuple(p[3])
+        if not shape:
+            continue  # 0-d: broadcasts against 1-D like against any shape
+        if not views.is_contiguous(shape, stride):
+            return False
+        if shapes.setdefault(position, shape) != shape:
+            return False
     return any(len(s) > 1 for s in shapes.values())
 
 
