@@ -145,9 +145,9 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
         "TestTorchDeviceType.test_tensor_storage_type_*": (
             "expects the CPU's legacy storage class (torch.FloatStorage...) for every device "
             "but CUDA; PyTorch's storage_type() looks the class up in the device's own module "
-            "(torch.pjrt.FloatStorage for pjrt, as torch.cuda.FloatStorage for CUDA), and "
-            "pjrt defines no legacy typed-storage classes (TypedStorage is deprecated): "
-            "storage_type() returns None, as on any PrivateUse1 device without them", True),
+            "and gives a pjrt tensor torch.pjrt.FloatStorage, as it gives a CUDA one "
+            "torch.cuda.FloatStorage (tests/storage/test_legacy.py), which is not the CPU's "
+            "class: only the CPU and CUDA can pass the test", True),
     },
     "test_nn.py": {
         "TestNNDeviceType.test_one_hot": (
