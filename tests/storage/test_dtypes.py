@@ -83,3 +83,28 @@ def test_float8_e4m3fn_saturates_as_on_cpu_and_cuda(src):
     got = x.to("pjrt").to(torch.float8_e4m3fn).cpu().float()
     want = x.to(torch.float8_e4m3fn).float()
     torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+
+
+@pytest.mark.parametrize("dst", FLOAT8, ids=str)
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                 torch.int64], ids=str)
+def test_float8_conversions_match_cpu_bit_for_bit(src, dst):
+    """Every float8 format, to and from the wider types: rounding, subnormals, overflow
+    (saturation for e4m3fn, NaN for the fnuz formats, which have no infinity) and the
+    fnuz formats' lack of negative zero, as the CPU converts them."""
+    x = torch.tensor([0.0, -0.0, 1.0, -1.5, 0.3, 240.0, 241.0, 250.0, 300.0, 57344.0, 6e4,
+                      1e6, -1e6, 1e-3, 3e-5, 2.0**-10, float("inf"), float("-inf")])
+    if src == torch.int64:
+        x = x[x.isfinite()].clamp(-1e6, 1e6)
+    x = x.to(src)
+    got = x.to("pjrt").to(dst)
+    want = x.to(dst)
+    number = ~want.float().isnan()  # NaN's sign bit may differ
+    assert torch.equal(got.cpu().view(torch.uint8)[number], want.view(torch.uint8)[number])
+    assert torch.equal(got.cpu().float().isnan(), want.float().isnan())
+    # and back, on the device; item() reads one element
+    torch.testing.assert_close(got.float().cpu(), want.float(), equal_nan=True, rtol=0, atol=0)
+    assert got[3].item() == want[3].item()

@@ -24,6 +24,10 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.complex128: np.dtype(jnp.complex128),
     torch.float8_e4m3fn: np.dtype(jnp.float8_e4m3fn),
     torch.float8_e5m2: np.dtype(jnp.float8_e5m2),
+    # the fnuz formats (no negative zero, one NaN: AMD MI300's); XLA converts to them as
+    # PyTorch does, overflow to NaN included (tests/storage/test_dtypes.py)
+    torch.float8_e4m3fnuz: np.dtype(jnp.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: np.dtype(jnp.float8_e5m2fnuz),
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 _E4M3 = np.dtype(jnp.float8_e4m3fn)
@@ -33,9 +37,9 @@ def convert(x, dtype) -> jnp.ndarray:
     """x as `dtype` (a JAX dtype) by PyTorch's rules where XLA's differ: a floating or
     complex value becomes an unsigned integer through int64 (c10's
     static_cast_with_inter_type, on CPU and CUDA alike: -1.5 is 255 in uint8, 300.2 is
-    44), where XLA saturates (0 and 255); a value past float8_e4m3fn's range becomes its
-    largest finite value, +-448 (CPU's conversion, and CUDA's SATFINITE one), where XLA
-    gives NaN; a complex value to a real dtype keeps its real part."""
+    44), where XLA saturates (0 and 255); a value (floating or integer) past float8_e4m3fn's
+    range becomes its largest finite value, +-448 (CPU's conversion, and CUDA's SATFINITE
+    one), where XLA gives NaN; a complex value to a real dtype keeps its real part."""
     x = jnp.asarray(x)
     dtype = np.dtype(dtype)
     if x.dtype == dtype:
@@ -45,8 +49,8 @@ def convert(x, dtype) -> jnp.ndarray:
         x = jnp.real(x)
     if jnp.issubdtype(dtype, jnp.unsignedinteger) and jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.int64)
-    elif dtype == _E4M3 and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != _E4M3:
-        x = jnp.clip(x, -448, 448)  # NaN stays NaN
+    elif dtype == _E4M3 and jnp.issubdtype(x.dtype, jnp.number) and x.dtype != _E4M3:
+        x = jnp.clip(x, -448, 448)  # NaN stays NaN; an integer past 448 saturates too
     return x.astype(dtype)
 
 

@@ -16,6 +16,8 @@ _CARRIER = {
     torch.float16: None,
     torch.float8_e4m3fn: torch.uint8,
     torch.float8_e5m2: torch.uint8,
+    torch.float8_e4m3fnuz: torch.uint8,
+    torch.float8_e5m2fnuz: torch.uint8,
     torch.uint16: None,
 }
 
