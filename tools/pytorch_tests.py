@@ -95,8 +95,11 @@ SOURCES: dict[str, tuple[str, int, str]] = {
     # the fork Lord-Melflam/pytorch carries it (its skip/xfail/skipOps imports: RENAMED)
     # an excerpt (the file is 565,198 characters, 36 pages, and imports test-directory helpers,
     # autograd/test_complex.py... which the wheel lacks): its characters [0, 2650) (imports,
-    # graph_desc), [423070, 464096) (the class TestAutogradDeviceType, whole) and its
-    # instantiate_device_type_tests line with the __main__ block, from the fork maggiemoss/pytorch
+    # graph_desc), [423070, 464096) (the class TestAutogradDeviceType, whole, from its
+    # "# Generic device type autograd tests." line) and its instantiate_device_type_tests line
+    # for that class (with the comment above it) and the __main__ block, from the fork
+    # maggiemoss/pytorch (pytorch/pytorch's stored copy is from 2020, 274,013 characters:
+    # it imports torch._six, which torch 2.13 lacks)
     "test_autograd.py": ("eb4247c60570b3bd9f6404efae673f748ea0a5ea", 43869,
                          "an excerpt of the fork maggiemoss/pytorch's copy (read_file, 16,000 "
                          "characters a page): see the comment in SOURCES"),
