@@ -355,7 +355,7 @@ def stream(s: torch.Stream | None):
 # ------------------------------------------------------- legacy typed storages
 # torch.pjrt.FloatStorage... (deprecated with TypedStorage, kept as torch.cuda keeps them):
 # what Tensor.storage_type() returns for a pjrt tensor, and an isinstance check of its storage.
-from ..storage.legacy import CLASSES as _LEGACY_STORAGES  # noqa: E402
+from .legacy_storage import CLASSES as _LEGACY_STORAGES  # noqa: E402
 
 globals().update(_LEGACY_STORAGES)
 __all__ += list(_LEGACY_STORAGES)

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from torch_pjrt.storage import legacy
+from torch_pjrt.runtime import legacy_storage as legacy
 
 pytestmark = [pytest.mark.usefixtures("eager_mode"),
               pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")]
