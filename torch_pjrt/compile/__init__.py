@@ -5,10 +5,19 @@ from __future__ import annotations
 
 from .._after_import import after_import
 
+# torch.compile's cache entries (compile/warm.py): aot/<key>/<32 hex digits>.aot
+AOT_FOLDER, AOT_SUFFIX, AOT_MAGIC = "aot", ".aot", b"TPJRTAO1"
+
 
 def start() -> None:
     """Register the backend with Dynamo once PJRT has started and Dynamo is imported (now,
-    if it is): importing Dynamo here would cost an eager process seconds."""
+    if it is): importing Dynamo here would cost an eager process seconds. Shipped caches
+    carry torch.compile's entries from now on, whether or not this process compiles (a
+    `cache import` process never imports Dynamo)."""
+    from ..runtime import cache_bundle
+
+    cache_bundle.register_kind(AOT_FOLDER, AOT_SUFFIX, AOT_MAGIC,
+                               r"pjrt[0-9a-z_]+/[0-9a-f]{32}\.aot")
     after_import("torch._dynamo", _register_backend)
 
 

@@ -44,14 +44,12 @@ import torch
 from torch._inductor.output_code import OutputCode
 
 from .. import _env, counters
-from ..runtime import cache_bundle, cache_files, compile_cache
+from ..runtime import cache_files, compile_cache
+from . import AOT_FOLDER
+from . import AOT_MAGIC as _MAGIC
+from . import AOT_SUFFIX as _SUFFIX
 
-_MAGIC = b"TPJRTAO1"
-_SUFFIX = ".aot"
 _MAX_SHARE = 0.1  # of the compile cache's size limit, for these entries
-
-# aot/<key>/<sha256 of the entry, 32 hex digits>.aot travel in shipped caches
-cache_bundle.register_kind("aot", _SUFFIX, _MAGIC, r"pjrt[0-9a-z_]+/[0-9a-f]{32}\.aot")
 
 
 def enabled() -> bool:
@@ -61,7 +59,7 @@ def enabled() -> bool:
 
 
 def directory() -> str:
-    return os.path.join(compile_cache.root(), "aot")
+    return os.path.join(compile_cache.root(), AOT_FOLDER)
 
 
 # ------------------------------------------------------------------ the output code
