@@ -84,13 +84,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "TestTensorCreation.test_zeros", "TestTensorCreation.test_tensor_factories_empty",
             "TestTensorCreation.test_torch_complex_float16",
             "TestTensorCreation.test_cat_all_dtypes_and_devices")},
-        **{f"TestTensorCreation.test_linspace_{dtype}": (
-            "sync-bound, not wrong: its race-condition check is Python's all() over the "
-            "999,999 comparisons of a 10^6-element linspace, one .item()-like read (a "
-            "synchronization) per element, hours on a device; the values are checked in "
-            "tests/lowering/test_factories.py, and the dtypes that skip that check pass",
-            False) for dtype in ("float32", "float64", "complex64", "complex128", "int32",
-                                 "int64")},
         # fills every dtype torch has, complex32 among them (the float8 ones pass)
         "TestTensorCreation.test_fill_all_dtypes_and_devices": (_COMPLEX32, True),
         "TestTensorCreation.test_tensor_ctor_device_inference": (

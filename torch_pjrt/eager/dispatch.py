@@ -204,10 +204,21 @@ def _native_batch_norm(x, weight, bias, running_mean, running_var, training, mom
                                                  training, momentum, eps)
 
 
+# A storage up to this size comes to the host whole for a scalar read of one of its elements
+# (transfer.element_to_host keeps the copy for the next read): one program and one transfer
+# an element made Python's all() over a million-element tensor take hours.
+_WHOLE_STORAGE_READ_BYTES = 4 << 20
+
+
 def _local_scalar_dense(self: torch.Tensor):
     # the CPU kernel's check (Tensor.item() checks the element count before, in other words)
     if self.numel() == 0:
         raise RuntimeError("_local_scalar_dense: Empty tensor not supported")
+    rec = table.read_record(self)
+    if rec.nbytes <= _WHOLE_STORAGE_READ_BYTES and rec.dtype == table.dtypes.to_jax(self.dtype):
+        buf = rec.get()
+        checks.raise_pending()
+        return transfer.element_to_host(buf, self.storage_offset())
     return to_cpu(self).item()
 
 

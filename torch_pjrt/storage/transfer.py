@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import jax
 import numpy as np
 import torch
@@ -65,6 +67,25 @@ def device_to_host(buf: jax.Array, shape) -> torch.Tensor:
     a = _traced_get(buf) if watch.profiling else np.asarray(buf)
     counters.count("device_to_host_bytes", a.nbytes)
     return from_numpy(a).reshape(shape)
+
+
+# The last buffer element_to_host copied, and its host copy: reading a tensor's elements one
+# by one (iterating it, Python's all() over it) copies its storage once, not once an element.
+_last_host: tuple = (lambda: None, None)
+
+
+def element_to_host(buf: jax.Array, index: int):
+    """Element `index` of a flat device buffer as a Python number (waits for it). The whole
+    buffer comes to the host, and is kept for the next read while `buf` lives: XLA buffers
+    are immutable (a write to a storage gives it a new buffer), so the copy cannot go stale."""
+    global _last_host
+    watch.synced("copy to host")
+    ref, host = _last_host
+    if ref() is not buf:
+        host = _traced_get(buf) if watch.profiling else np.asarray(buf)
+        counters.count("device_to_host_bytes", host.nbytes)
+        _last_host = (weakref.ref(buf), host)
+    return host[index].item()
 
 
 def _traced_put(host: np.ndarray, device: int) -> jax.Array:
