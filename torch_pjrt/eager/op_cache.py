@@ -27,7 +27,7 @@ class Entry:
                  "targets", "target_slots", "written", "donate", "resize", "checks", "checked",
                  "name",
                  "digest", "device", "signature", "values", "random", "call", "ordered",
-                 "alias_return", "products", "jaxpr", "alone", "quick", "draws", "host",
+                 "alias_return", "products", "jaxpr", "closed", "alone", "quick", "draws", "host",
                  "host_epoch", "host_seconds")
 
     def __init__(self):
@@ -64,6 +64,7 @@ class Entry:
         # What fused graphs evaluate: the traced lowering as a function of its flat
         # inputs (set where fused mode first records the signature; else they trace).
         self.jaxpr = None
+        self.closed = None  # that jaxpr itself (eager/host_ops.py evaluates it)
         # Runs as its own program in fused mode too: a torch.compile graph, already one
         # XLA program, cached and loaded apart from the eager code around it.
         self.alone = False

@@ -46,7 +46,8 @@ def trace_now(call: Call, entry: Entry) -> None:
     args = [_aval(call.recs[i].value) for i in entry.order]
     dyn = list(call.dyn) + ([np.uint64(0), np.uint64(0)] if entry.random else [])
     try:
-        entry.jaxpr = jaxpr_as_fun(jax.make_jaxpr(entry.trace)(*args, *dyn))
+        entry.closed = jax.make_jaxpr(entry.trace)(*args, *dyn)
+        entry.jaxpr = jaxpr_as_fun(entry.closed)
     except Exception as e:  # noqa: BLE001 - the lowering's errors become PyTorch's
         raise runtime_error(call.spec, e) from e
     warm_start.note_traced(entry.digest, entry.checked)
