@@ -57,6 +57,9 @@ EXACT_CASES = {
         lambda a, b: (jnp.sum(a, (0, 2)), jnp.max(b, 1), jnp.min(a, 0), jnp.argmax(b, 1),
                       jnp.any(b > 3, 0), jnp.all(b > -100, 1)),
         _I64, np.array([[1, 9, 9, -3], [4, 4, 0, 2]], np.int8)),
+    "float to integer, in range (truncating)": (
+        lambda a: (a.astype(jnp.int32), a.astype(jnp.uint8)),
+        np.array([[1.5, -0.0, 0.0], [3e-39, 254.9, 7.99]], np.float32)),
     "transpose, rev, squeeze": (
         lambda a: (jnp.transpose(a, (2, 0, 1)), jnp.flip(a, (0, 2)), a[:1, :, :1].squeeze()),
         _I64),
@@ -75,7 +78,6 @@ def test_numpy_evaluates_exact_steps_as_xla_does(case):
 
 @pytest.mark.parametrize("f, args", [
     (lambda a: a + a, (_F32,)),  # rounding: the compiler's
-    (lambda a: a.astype(jnp.int32), (_F32,)),  # float to integer: saturating or not
     (lambda a: a.astype(jnp.float32), (_I64,)),  # integer to float: rounding
     (lambda a, b: a // b, (_I8, _I8)),  # division: rounding, and by zero
     (lambda a: a >> 2, (_I8,)),  # shifts: out-of-range counts
@@ -85,6 +87,15 @@ def test_numpy_evaluates_exact_steps_as_xla_does(case):
 ])
 def test_inexact_or_unlisted_steps_keep_their_program(f, args):
     assert not host_ops._exact(jax.make_jaxpr(f)(*args).jaxpr)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -1.0, 256.0])
+def test_a_float_an_integer_type_cannot_hold_is_not_converted_on_the_host(value):
+    closed = jax.make_jaxpr(lambda a: a.astype(jnp.uint8))(np.zeros(3, np.float32))
+    assert host_ops._exact(closed.jaxpr)  # checked as it runs: C leaves these undefined
+    with pytest.raises(host_ops.NotExact):
+        host_ops._evaluate(closed.jaxpr, closed.consts, [np.array([1.0, value, 2.0],
+                                                                 np.float32)])
 
 
 @pytest.fixture
@@ -195,3 +206,66 @@ def test_a_loop_within_one_flush_gets_its_programs_after_a_few_steps(_op_by_op,
     m = torch_pjrt.metrics()
     assert m["flushes"] == 1 and m["tiered_ops"] >= 30 * 3
     assert 1 <= m["host_ops"] <= 12  # its ten distinct exact ops, once each (not 90)
+
+
+_I = torch.tensor([[5, -3, 0, 7, 7], [-128, 127, 2, 2, -1], [9, 0, -9, 4, 3]])
+_F = torch.tensor([[1.5, float("nan"), -0.0, 2.0, 3e-39], [float("inf"), -1.0, 0.5, 7.0, -2.5],
+                   [0.0, 1.0, 2.0, 3.0, 4.0]])
+# PyTorch ops whose lowerings are exact (integer math, comparisons, data movement of any
+# dtype): each is computed on the host in fused mode and by its program in strict mode
+TORCH_EXACT = {
+    "cumsum": lambda i, f: i.cumsum(1),
+    "cat and slice": lambda i, f: torch.cat([i, i[:, :2]], 1)[1:],
+    "float cat, flip, transpose": lambda i, f: torch.cat([f, f.flip(0)]).T.contiguous(),
+    "masked_fill of floats by an int mask": lambda i, f: f.masked_fill(i > 2, -1.25),
+    "where, ints": lambda i, f: torch.where(i % 2 == 0, i, -i),
+    "triu, tril": lambda i, f: (i.triu(1), f.tril(-1)),
+    "int8 wrap": lambda i, f: (i.to(torch.int8) * 3 + 100).to(torch.int16),
+    "uint8 wrap": lambda i, f: i.to(torch.uint8) - 7,
+    "bitwise": lambda i, f: (i & 6) ^ (i | 1) ^ ~i,
+    "clamp, max, min": lambda i, f: (i.clamp(-4, 5), i.max(1).values, i.amin(0)),
+    "argmax ints": lambda i, f: i.argmax(1),
+    "sum and any of ints": lambda i, f: (i.sum(0), (i > 4).any(1), (i != 0).all(0)),
+    "roll and repeat": lambda i, f: (i.roll(2, 1), f.repeat(2, 1)),
+    "constant pad": lambda i, f: torch.nn.functional.pad(i, (1, 2, 0, 1), value=-5),
+    "expand and narrow": lambda i, f: f[:, :1].expand(3, 4).contiguous().narrow(1, 1, 2),
+    "arange and eq": lambda i, f: torch.arange(5, device=i.device) == i[0],
+    "bool logic": lambda i, f: (i > 0) & ~(i < 5) | (i == 7),
+    # the float -> int cast of NaN, inf, 1e30: not on the host (XLA saturates), the program
+    "float to int, out of range": lambda i, f: (f * 1e30).to(torch.int32) + i.to(torch.int32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORCH_EXACT))
+def test_exact_torch_ops_on_the_host_equal_their_programs(case, _op_by_op, monkeypatch):
+    f = TORCH_EXACT[case]
+    on_host = []
+    run_on_host = host_ops.run
+
+    def noted(entry, *args):
+        on_host.append(entry.name)
+        return run_on_host(entry, *args)
+
+    monkeypatch.setattr(host_ops, "run", noted)
+
+    def run(device):
+        out = f(_I.to(device), _F.to(device))
+        out = out if isinstance(out, tuple) else (out,)
+        return [o.clone().cpu() for o in out]  # (a graph of one op runs as a program)
+
+    expected = run("cpu")
+    graph.forget()
+    torch_pjrt.counters.reset()
+    fused = run("pjrt")  # fresh signatures, op by op: on the host
+    assert set(on_host) - {"aten.clone.default"} or case in (
+        "expand and narrow", "float to int, out of range"), on_host
+    with torch_pjrt.set_eager_mode("strict"):
+        strict = run("pjrt")  # the same signatures' own programs
+    def bits(t):  # bit for bit, NaN and -0 included
+        return t.contiguous().view(torch.uint8) if t.dtype.is_floating_point else t
+
+    for e, h, s in zip(expected, fused, strict):
+        assert e.dtype == h.dtype == s.dtype and e.shape == h.shape == s.shape
+        assert torch.equal(bits(h), bits(s)), (case, h, s)
+        if case != "float to int, out of range":  # (undefined in C: x86 gives INT_MIN)
+            assert torch.equal(bits(h), bits(e)), (case, h, e)

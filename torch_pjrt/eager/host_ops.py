@@ -6,11 +6,11 @@ decode loop whose KV cache or attention mask grows by a token a step meets a new
 at every step, so those programs serve one call each. Where an op's traced lowering (its
 jaxpr) is made only of steps whose result does not depend on who computes it (moving
 data: reshapes, slices, concatenations, broadcasts, transposes, selects; integer and
-boolean arithmetic and comparisons, which wrap and compare the same everywhere), NumPy
-evaluates it on the host in well under a millisecond, bit for bit what the program would
-compute. Float arithmetic and comparisons are never run here (rounding, denormals flushed
-to zero, fused multiply-adds and reductions' order belong to the compiler); float data is
-only moved.
+boolean arithmetic and comparisons, which wrap and compare the same everywhere; float to
+integer conversions of values the type holds), NumPy evaluates it on the host in well
+under a millisecond, bit for bit what the program would compute. Float arithmetic and
+comparisons are never run here (rounding, denormals flushed to zero, fused multiply-adds
+and reductions' order belong to the compiler); float data is only moved.
 
 The rule (tiers.run_ops): an op runs here while (a) no program for it is compiled or on
 disk, (b) every step of its jaxpr is exact, (c) its operands and results hold at most
@@ -121,13 +121,26 @@ def _squeeze(x, *, dimensions):
     return np.squeeze(x, axis=tuple(dimensions)) if dimensions else x
 
 
+class NotExact(Exception):
+    """A float converted to an integer type that cannot hold it (NaN, infinite, out of
+    range): C leaves the result undefined and XLA saturates, so the program computes it."""
+
+
 def _convert(x, *, new_dtype, **_):
-    return x.astype(new_dtype)
+    dst = np.dtype(new_dtype)
+    if x.dtype.kind == "f" and dst.kind in "iu":
+        info = np.iinfo(dst)
+        if not (np.isfinite(x).all() and (x > info.min - 1).all() and (x < info.max + 1).all()):
+            raise NotExact(f"{x.dtype} to {dst}")
+    return x.astype(dst)
 
 
 def _exact_convert(eqn) -> bool:
+    """Integer to integer (both wrap), or float to integer (both truncate a value the type
+    holds; _convert checks the values as it runs, NotExact otherwise)."""
     src, dst = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.params["new_dtype"])
-    return src == dst or (src.kind in _INT_KINDS and dst.kind in _INT_KINDS)
+    return src == dst or (src.kind in _INT_KINDS and dst.kind in _INT_KINDS) or (
+        src.kind == "f" and dst.kind in "iu")
 
 
 def _clamp(lo, x, hi):
@@ -290,7 +303,8 @@ def wanted(entry, epoch: int) -> bool:
 
 
 def run(entry, args: list, values: list, device: int) -> list:
-    """The op's results as device buffers, computed by NumPy from its operands."""
+    """The op's results as device buffers, computed by NumPy from its operands; NotExact
+    where a value makes a step inexact (the op then runs its program, from now on)."""
     start = time.perf_counter()
     traced = device_trace.now() if watch.profiling else None
     closed = entry.host

@@ -122,8 +122,14 @@ def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:
         values = [device_scalar(v, device) for v in dyn[d:d + n_dyn]] if n_dyn else []
         d += n_dyn
         launcher = _launcher(entry)
+        res = None
         if launcher.compiled is None and host_ops.wanted(entry, epoch):
-            res = host_ops.run(entry, a, values, device)
+            try:
+                res = host_ops.run(entry, a, values, device)
+            except host_ops.NotExact:
+                entry.host = False  # (compiled at the launch below)
+        if res is not None:
+            pass
         elif profiling:
             node = nodes[piece.start + i]
             res = device_trace.launch(launcher.launch, launcher.digest, device, [a, values],
