@@ -232,7 +232,8 @@ TORCH_EXACT = {
     "arange and eq": lambda i, f: torch.arange(5, device=i.device) == i[0],
     "bool logic": lambda i, f: (i > 0) & ~(i < 5) | (i == 7),
     # the float -> int cast of NaN, inf, 1e30: not on the host (XLA saturates), the program
-    "float to int, out of range": lambda i, f: (f * 1e30).to(torch.int32) + i.to(torch.int32),
+    "float to int, out of range": lambda i, f: (  # (twice: its program from then on)
+        (f * 1e30).to(torch.int32) + i.to(torch.int32), (f * -1e30).to(torch.int32)),
 }
 
 

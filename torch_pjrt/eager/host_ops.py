@@ -299,7 +299,7 @@ def plan(entry, launcher, args: list, values: list, epoch: int):
 
 def wanted(entry, epoch: int) -> bool:
     """Whether the op, planned for the host in this flush (plan), runs there again."""
-    return entry.host_epoch == epoch and entry.host_seconds < BUDGET
+    return entry.host_epoch == epoch and entry.host_seconds < BUDGET and bool(entry.host)
 
 
 def run(entry, args: list, values: list, device: int) -> list:
