@@ -60,6 +60,7 @@ EXACT_CASES = {
     "float to integer, in range (truncating)": (
         lambda a: (a.astype(jnp.int32), a.astype(jnp.uint8)),
         np.array([[1.5, -0.0, 0.0], [3e-39, 254.9, 7.99]], np.float32)),
+    "copy": (lambda a: jnp.copy(a) + 1, _I64),
     "transpose, rev, squeeze": (
         lambda a: (jnp.transpose(a, (2, 0, 1)), jnp.flip(a, (0, 2)), a[:1, :, :1].squeeze()),
         _I64),

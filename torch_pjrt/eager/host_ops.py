@@ -49,7 +49,7 @@ def _ints(*avals, kinds: str = _INT_KINDS) -> bool:
     return all(np.dtype(a.dtype).kind in kinds for a in avals)
 
 
-def _same(x, aval):
+def _same(x):
     return x
 
 
