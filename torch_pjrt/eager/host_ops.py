@@ -207,12 +207,21 @@ _STEPS: dict[str, tuple[Any, Any]] = {
 }
 
 
+_CALLS = ("pjit", "jit", "closed_call")  # steps that call an inner jaxpr
+
+
+def _inner(eqn):
+    """A call step's inner jaxpr and its constants (None, [] where it has none)."""
+    inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    return getattr(inner, "jaxpr", inner), getattr(inner, "consts", [])
+
+
 def _exact(jaxpr) -> bool:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if name in ("pjit", "jit", "closed_call"):
-            inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-            if inner is None or not _exact(getattr(inner, "jaxpr", inner)):
+        if name in _CALLS:
+            inner, _ = _inner(eqn)
+            if inner is None or not _exact(inner):
                 return False
             continue
         step = _STEPS.get(name)
@@ -248,10 +257,8 @@ def _evaluate(jaxpr, consts: list, args: list) -> list:
     for eqn in jaxpr.eqns:
         ins = [np.asarray(read(v), dtype=v.aval.dtype) for v in eqn.invars]
         name = eqn.primitive.name
-        if name in ("pjit", "jit", "closed_call"):
-            inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-            outs = _evaluate(getattr(inner, "jaxpr", inner), getattr(inner, "consts", []),
-                             ins)
+        if name in _CALLS:
+            outs = _evaluate(*_inner(eqn), ins)
         else:
             params = {k: v for k, v in eqn.params.items() if k not in ("sharding",)}
             outs = _STEPS[name][0](*ins, **params)
@@ -302,13 +309,26 @@ def wanted(entry, epoch: int) -> bool:
     return entry.host_epoch == epoch and entry.host_seconds < BUDGET and bool(entry.host)
 
 
+def try_run(entry, epoch: int, args: list, values: list, device: int) -> list | None:
+    """The op's results computed on the host where plan() chose that for this flush and
+    its budget lasts; None where it runs its program instead (from now on, where a value
+    made a step inexact)."""
+    if not wanted(entry, epoch):
+        return None
+    try:
+        return run(entry, args, values, device)
+    except NotExact:
+        entry.host = False
+        return None
+
+
 def run(entry, args: list, values: list, device: int) -> list:
     """The op's results as device buffers, computed by NumPy from its operands; NotExact
-    where a value makes a step inexact (the op then runs its program, from now on)."""
+    where a value makes a step inexact."""
     start = time.perf_counter()
     traced = device_trace.now() if watch.profiling else None
     closed = entry.host
-    flat = jax.tree.leaves(([a for a in args], list(values)))
+    flat = jax.tree.leaves((list(args), list(values)))
     with np.errstate(all="ignore"):
         outs = _evaluate(closed.jaxpr, closed.consts, [np.asarray(a) for a in flat])
     counters.count("host_ops")

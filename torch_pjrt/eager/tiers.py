@@ -122,21 +122,16 @@ def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:
         values = [device_scalar(v, device) for v in dyn[d:d + n_dyn]] if n_dyn else []
         d += n_dyn
         launcher = _launcher(entry)
-        res = None
-        if launcher.compiled is None and host_ops.wanted(entry, epoch):
-            try:
-                res = host_ops.run(entry, a, values, device)
-            except host_ops.NotExact:
-                entry.host = False  # (compiled at the launch below)
-        if res is not None:
-            pass
-        elif profiling:
-            node = nodes[piece.start + i]
-            res = device_trace.launch(launcher.launch, launcher.digest, device, [a, values],
-                                      a[:len(entry.donate)],
-                                      [(entry.name, watch.node_sites.get(id(node)))])
-        else:
-            res = launcher.launch(a, values)
+        res = None if launcher.compiled is not None else \
+            host_ops.try_run(entry, epoch, a, values, device)
+        if res is None:  # its program (compiled at its launch if need be)
+            if profiling:
+                node = nodes[piece.start + i]
+                res = device_trace.launch(launcher.launch, launcher.digest, device,
+                                          [a, values], a[:len(entry.donate)],
+                                          [(entry.name, watch.node_sites.get(id(node)))])
+            else:
+                res = launcher.launch(a, values)
         if entry.checks is not None:
             checks.defer(res[-1], entry.checks, entry.name)
         produced[i] = res

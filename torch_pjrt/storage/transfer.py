@@ -61,12 +61,17 @@ def host_to_device(t: torch.Tensor, device: int) -> jax.Array:
     return jax.device_put(host, client.device(device), may_alias=False)
 
 
-def device_to_host(buf: jax.Array, shape) -> torch.Tensor:
-    """A CPU tensor with the contents of a dense device buffer (waits for it)."""
+def _fetch(buf: jax.Array) -> np.ndarray:
+    """A device buffer's contents on the host (a synchronization: waits for it)."""
     watch.synced("copy to host")
     a = _traced_get(buf) if watch.profiling else np.asarray(buf)
     counters.count("device_to_host_bytes", a.nbytes)
-    return from_numpy(a).reshape(shape)
+    return a
+
+
+def device_to_host(buf: jax.Array, shape) -> torch.Tensor:
+    """A CPU tensor with the contents of a dense device buffer (waits for it)."""
+    return from_numpy(_fetch(buf)).reshape(shape)
 
 
 # The last buffer element_to_host copied, and its host copy: reading a tensor's elements one
@@ -79,12 +84,12 @@ def element_to_host(buf: jax.Array, index: int):
     buffer comes to the host, and is kept for the next read while `buf` lives: XLA buffers
     are immutable (a write to a storage gives it a new buffer), so the copy cannot go stale."""
     global _last_host
-    watch.synced("copy to host")
     ref, host = _last_host
     if ref() is not buf:
-        host = _traced_get(buf) if watch.profiling else np.asarray(buf)
-        counters.count("device_to_host_bytes", host.nbytes)
+        host = _fetch(buf)
         _last_host = (weakref.ref(buf), host)
+    else:
+        watch.synced("copy to host")  # (a read the user waits on, as any)
     return host[index].item()
 
 
