@@ -200,11 +200,11 @@ _CPU_RESULT_DTYPES = {"aten.pow.Tensor_Scalar": _bool_pow,
                       "aten.huber_loss.default": _input_dtype,
                       "aten.soft_margin_loss.default": _input_dtype,
                       "aten.normal.Tensor_Tensor": _input_dtype}
+# nll_loss's uint8 targets, taken as int64 (nll_loss2d's CPU kernels refuse a Byte target:
+# "expected scalar type Long")
+_BYTE_TARGETS = frozenset({"aten.nll_loss_forward.default", "aten.nll_loss_backward.default"})
 # Calls the meta function refuses and CPU and CUDA run: each gives the position of the
 # argument whose layout the result has, or None to leave the call to the meta function.
-# (nll_loss2d's CPU kernels refuse a Byte target: "expected scalar type Long")
-_BYTE_TARGETS = frozenset({"aten.nll_loss_forward.default", "aten.nll_loss_backward.default"})
-
 _CPU_ACCEPTS = {"aten.pow_.Scalar": _bool_pow_written,
                 "aten.pow.Tensor_Scalar_out": _bool_pow_written}
 

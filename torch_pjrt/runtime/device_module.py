@@ -351,7 +351,6 @@ def stream(s: torch.Stream | None):
     yield s
 
 
-
 # ------------------------------------------------------- legacy typed storages
 # torch.pjrt.FloatStorage... (deprecated with TypedStorage, kept as torch.cuda keeps them):
 # what Tensor.storage_type() returns for a pjrt tensor, and an isinstance check of its storage.
