@@ -109,9 +109,9 @@ def _hf_model(name: str, small: bool):
     return transformers.GPT2LMHeadModel(cfg)
 
 
-def _hf_run(work: Workload, device: str, backend: str | None, small: bool) -> list:
-    """Build the model and its inputs (the same seeds for every candidate), run the first
-    step or generate; returns what the parent compares."""
+def _hf_run(work: Workload, device: str, backend: str | None, small: bool):
+    """Build the model and its inputs (the same seeds for every candidate); returns the
+    call that runs a step or generate and returns what the parent compares."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
@@ -126,11 +126,14 @@ def _hf_run(work: Workload, device: str, backend: str | None, small: bool) -> li
         ids = torch.randint(3, vocab, (batch, seq), generator=gen).to(device)
         forward = model if backend is None else torch.compile(model, backend=backend)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        loss = forward(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return [float(loss)]
+
+        def step():
+            loss = forward(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return [float(loss)]
+        return step
     model.eval()
     # no end-of-sequence token: every prompt runs for all its new tokens
     model.generation_config.eos_token_id = None
@@ -145,20 +148,26 @@ def _hf_run(work: Workload, device: str, backend: str | None, small: bool) -> li
         # memory it finds (off a GPU, without psutil, more than the machine has)
         cache = ContinuousBatchingConfig(page_size=16, num_blocks=16, max_batch_tokens=64,
                                          max_requests_per_batch=BATCH_PROMPTS)
-        out = model.generate_batch(inputs=prompts, generation_config=config,
-                                   continuous_batching_config=cache)
-        return [out[k].generated_tokens for k in sorted(out)]
+
+        def batch():
+            out = model.generate_batch(inputs=prompts, generation_config=config,
+                                       continuous_batching_config=cache)
+            return [out[k].generated_tokens for k in sorted(out)]
+        return batch
     batch, prompt, new = (1, 4, 4) if small else (4, 16, NEW_TOKENS)
     ids = torch.randint(3, vocab, (batch, prompt), generator=gen).to(device)
     if backend is not None:
         model.forward = torch.compile(model.forward, backend=backend)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                             max_new_tokens=new, min_new_tokens=new, do_sample=False)
-    return out.cpu().tolist()
+
+    def generate():
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        return out.cpu().tolist()
+    return generate
 
 
-def _zoo_run(work: Workload, device: str, backend: str | None, small: bool) -> list:
+def _zoo_run(work: Workload, device: str, backend: str | None, small: bool):
     sys.path.insert(0, HERE)
     import torch
     from zoo_models import SPECS, init_weights
@@ -170,18 +179,25 @@ def _zoo_run(work: Workload, device: str, backend: str | None, small: bool) -> l
                                                        small).items()}
     forward = module if backend is None else torch.compile(module, backend=backend)
     if spec.generate:
-        with torch.no_grad():
-            return [float(spec.loss(module, forward, batch))]
+        def generate():
+            with torch.no_grad():
+                return [float(spec.loss(module, forward, batch))]
+        return generate
     opt = spec.optimizer(list(module.parameters()))
-    loss = spec.loss(module, forward, batch)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return [float(loss)]
+
+    def step():
+        loss = spec.loss(module, forward, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return [float(loss)]
+    return step
 
 
-def child(key: str, candidate: str, small: bool) -> None:
-    """Run one workload in this (new) process and print what it measured, as JSON."""
+def child(key: str, candidate: str, small: bool, calls: int = 1) -> None:
+    """Run one workload in this (new) process (`calls` times: the first call is what is
+    timed and compared; the later ones show where the first one's deferred work went) and
+    print what it measured, as JSON."""
     t0 = float(os.environ["FIRST_CALL_T0"])
     model, task = key.split("/")
     work = Workload(model, task, "")  # (not workloads(): it imports the zoo, and torch_pjrt)
@@ -200,11 +216,18 @@ def child(key: str, candidate: str, small: bool) -> None:
         import transformers  # noqa: F401 - imports count apart from the run
     imported = time.time()
     run = _hf_run if work.model.startswith("hf-") else _zoo_run
-    result = run(work, device, backend, small)
-    if device == "pjrt":
-        torch.pjrt.synchronize()
-    end = time.time()
-    out = {"seconds": end - t0, "imports": imported - t0, "result": result}
+    call = run(work, device, backend, small)
+    ends = []
+    results = []
+    for _ in range(calls):
+        results.append(call())
+        if device == "pjrt":
+            torch.pjrt.synchronize()
+        ends.append(time.time())
+    result = results[0]
+    out = {"seconds": ends[0] - t0, "imports": imported - t0, "result": result}
+    if calls > 1:
+        out["later_calls"] = [b - a for a, b in zip(ends, ends[1:])]
     if device == "pjrt":
         m = torch_pjrt.metrics()
         out["metrics"] = {k: m.get(k, 0) for k in (
@@ -217,7 +240,7 @@ def child(key: str, candidate: str, small: bool) -> None:
 
 # ------------------------------------------------------------------ the parent
 def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float,
-           threads: int | None = None) -> dict:
+           threads: int | None = None, calls: int = 1) -> dict:
     env = dict(os.environ, TORCH_PJRT_CACHE_DIR=cache,
                TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
     if threads:  # PyTorch's OpenMP / MKL threads (XLA's own pool is left as it is)
@@ -225,7 +248,8 @@ def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float,
     env.pop("TORCH_PJRT_METRICS", None)
     if candidate == BASE:
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # plain PyTorch: pjrt not registered
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", key, "--candidate", candidate]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", key, "--candidate", candidate,
+           "--calls", str(calls)]
     if small:
         cmd.append("--smoke")
     env["FIRST_CALL_T0"] = repr(time.time())
@@ -243,7 +267,8 @@ def _spawn(key: str, candidate: str, cache: str, small: bool, timeout: float,
 
 
 def run_round(works: list[Workload], small: bool, timeout: float,
-              threads: int | None = None, chosen: tuple[str, ...] = CANDIDATES) -> dict:
+              threads: int | None = None, chosen: tuple[str, ...] = CANDIDATES,
+              calls: int = 1) -> dict:
     """Every workload once, its candidates back to back."""
     out = {}
     for work in works:
@@ -253,11 +278,14 @@ def run_round(works: list[Workload], small: bool, timeout: float,
             for candidate in work.candidates(chosen):
                 cache = fused if candidate.startswith("fused") else \
                     tempfile.mkdtemp(prefix="first-call-")
-                r = _spawn(work.key, candidate, cache, small, timeout, threads)
+                r = _spawn(work.key, candidate, cache, small, timeout, threads, calls)
                 if cache != fused:
                     shutil.rmtree(cache, ignore_errors=True)
                 out[work.key][candidate] = r
                 shown = f"{r['seconds']:.1f} s" if r["seconds"] else r["error"]
+                if r.get("later_calls"):
+                    shown += " (later calls: " + ", ".join(
+                        f"{x:.2f}" for x in r["later_calls"]) + " s)"
                 print(f"[{work.key}] {candidate}: {shown}", file=sys.stderr, flush=True)
         finally:
             shutil.rmtree(fused, ignore_errors=True)
@@ -310,6 +338,7 @@ def summarize(rounds: list[dict]) -> dict:
                 "imports": statistics.median(x["imports"] for x in runs) if runs else None,
                 "ratio": statistics.median(ratios) if ratios else None,
                 "metrics": runs[-1].get("metrics") if runs else None,
+                "later_calls": runs[-1].get("later_calls") if runs else None,
                 "error": None if runs else rounds[-1][key][name].get("error")}
     return out
 
@@ -379,6 +408,13 @@ def markdown(report: dict) -> str:
                 f"; {m['background_compiles']} / {m['background_compiles_queued']} behind"
                 if m and m.get("background_compiles_queued") else ""))
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    later = [(key, n, by[n]["later_calls"]) for key, by in s.items() for n in names
+             if by.get(n) and by[n].get("later_calls")]
+    if later:
+        lines += ["", "The later calls of the same process (`--calls`), seconds each:", "",
+                  "| workload | candidate | later calls |", "| --- | --- | --- |"]
+        lines += [f"| {key} | {n} | " + ", ".join(f"{x:.2f}" for x in xs) + " |"
+                  for key, n, xs in later]
     lines += ["", "Workloads:", ""] + [f"- `{w['key']}`: {w['about']}"
                                        for w in report["workloads"]]
     lines += ["", f"Environment: `{report['environment']}`"]
@@ -417,11 +453,14 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: the tables again from bench/results/first-call.json "
                         "(first-call-threadsN.json with --threads N)")
+    p.add_argument("--calls", type=int, default=1,
+                   help="calls of the workload per process (default 1): the first is "
+                        "timed as above, the later ones' seconds are printed and stored")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--candidate", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child, args.candidate, args.smoke)
+        return child(args.child, args.candidate, args.smoke, args.calls)
     sys.path.insert(0, HERE)
     from common import ROOT, environment, write_report
 
@@ -448,8 +487,8 @@ def main() -> None:
     unknown = chosen - set(CANDIDATES)
     if unknown:
         sys.exit(f"first_call: unknown candidates {sorted(unknown)}; known: {CANDIDATES}")
-    rounds = [run_round(works, args.smoke, args.timeout, args.threads, tuple(chosen))
-              for _ in range(args.rounds)]
+    rounds = [run_round(works, args.smoke, args.timeout, args.threads, tuple(chosen),
+                        args.calls) for _ in range(args.rounds)]
     bad = check(rounds)
 
     report = {"environment": environment(), "rounds": args.rounds, "smoke": args.smoke,

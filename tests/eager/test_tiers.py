@@ -104,6 +104,7 @@ def test_a_step_switches_to_its_fused_program_within_the_flush(monkeypatch):
         compile_pool.wait()
 
     monkeypatch.setattr(program.Program, "compile_in_background", at_once)
+    monkeypatch.setattr(tiers, "_pays_now", lambda piece, steps=None: True)
     expected = _generate(_weights("cpu"), 20)
     w = _weights("pjrt")
     graph.forget()
@@ -113,6 +114,60 @@ def test_a_step_switches_to_its_fused_program_within_the_flush(monkeypatch):
     assert m["flushes"] == 1 and m["graph_loops"] == 1 and m["background_compiles"] == 1
     # op by op: the prefix, the first two steps (the second queued the compile), the rest
     assert m["tiered_pieces"] <= 4
+
+
+def _queued_when(monkeypatch) -> list:
+    """Records, per background compile queued, the pieces run op by op until then."""
+    from torch_pjrt.eager import program
+
+    queue = program.Program.compile_in_background
+    at: list = []
+
+    def noted(self, args):
+        at.append(torch_pjrt.metrics().get("tiered_pieces", 0))
+        queue(self, args)
+
+    monkeypatch.setattr(program.Program, "compile_in_background", noted)
+    return at
+
+
+def test_a_short_loop_compiles_its_step_after_the_flush_on_two_cores(monkeypatch):
+    """With two cores, a step's fused compile beside its loop slows the loop's op by op run
+    by more than it gains within the flush (the loop is short): it starts once the flush
+    is done, and the next flush runs the step's program."""
+    monkeypatch.setattr(compile_pool, "threads", lambda: 2)
+    at = _queued_when(monkeypatch)
+    expected = _generate(_weights("cpu"), 20)
+    w = _weights("pjrt")
+    graph.forget()
+    torch_pjrt.counters.reset()
+    assert torch.equal(_generate(w, 20).cpu(), expected)
+    m = torch_pjrt.metrics()
+    assert m["graph_loops"] == 1 and m["tiered_pieces"] >= 19
+    assert at == [m["tiered_pieces"]]  # queued after every piece ran
+    torch_pjrt.wait_for_compiles()
+    before = torch_pjrt.metrics()["tiered_ops"]
+    assert torch.equal(_generate(w, 20).cpu(), expected)
+    m = torch_pjrt.metrics()
+    assert m["tiered_ops"] - before < m["tiered_ops"] // 4
+
+
+def test_a_loop_compiles_its_step_beside_it_where_that_pays(monkeypatch):
+    """With cores to spare, or a loop long enough to pay for the compile, the step's fused
+    program starts compiling at the flush's start, before the loop reaches it."""
+    at = _queued_when(monkeypatch)
+    expected = _generate(_weights("cpu"), 20)
+    w = _weights("pjrt")
+    for cores, steps in ((4, 20), (2, 800)):
+        monkeypatch.setattr(compile_pool, "threads", lambda cores=cores: cores)
+        monkeypatch.setattr(tiers, "OP_LAUNCH", tiers.OP_LAUNCH * steps / 20)
+        graph.forget()
+        compile_pool.cancel()
+        torch_pjrt.counters.reset()
+        at.clear()
+        assert torch.equal(_generate(w, 20).cpu(), expected)
+        m = torch_pjrt.metrics()
+        assert m["background_compiles_early"] == 1 and at[0] <= 1, (cores, steps, at)
 
 
 def test_a_loop_whose_shapes_change_every_flush_queues_no_compile_per_flush():

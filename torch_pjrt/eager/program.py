@@ -68,7 +68,7 @@ class Program:
     def compile_in_background(self, args: list) -> None:
         """Compile it on a compile thread for arguments like `args`; taken into use at the
         first flush after it is ready (compile_pool.poll)."""
-        avals = [_aval(a) for a in args]
+        avals = [aval(a) for a in args]
 
         def work():
             return compile_cache.obtain(self.jitted, avals, self.name, self.device,
@@ -107,7 +107,7 @@ class Program:
             self.entries[p].set_checks(entry_checks)
 
 
-def _aval(a):
+def aval(a):
     """An argument as a compile thread lowers for it: arrays by shape, dtype and placement
     (the thread holds no buffer the user's thread may donate), numbers as they are."""
     if isinstance(a, jax.Array):

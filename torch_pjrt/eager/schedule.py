@@ -25,7 +25,7 @@ class Piece:
     """A stretch of a graph's nodes with the program that computes it."""
 
     __slots__ = ("program", "start", "stop", "sources", "wiring", "outputs", "local_outputs",
-                 "dyn", "order", "donated", "per_op", "drop", "free", "recurs")
+                 "dyn", "order", "donated", "per_op", "drop", "free", "recurs", "left")
 
     def __init__(self, start: int, stop: int):
         self.start = start
@@ -46,6 +46,7 @@ class Piece:
         # counts as a recurrence (tiers.fused_now): not where the graph's shapes change
         # from flush to flush (a dynamic KV cache's step): its program is not seen again.
         self.recurs = False
+        self.left = 0  # later pieces of its graph that run the same program
 
     def run(self, args: list, dyn, device: int, nodes: list) -> list:
         """Its outputs' values from its inputs' (`args`) and run-time values."""
@@ -77,13 +78,14 @@ class Schedule:
     """The pieces of one graph structure, in order (and the whole graph as one piece, once
     that is compiled)."""
 
-    __slots__ = ("pieces", "outputs", "unrolled", "whole")
+    __slots__ = ("pieces", "outputs", "unrolled", "whole", "ran")
 
     def __init__(self, pieces: list[Piece], outputs: list[tuple], unrolled: tuple | None):
         self.pieces = pieces
         self.outputs = outputs
         self.unrolled = unrolled  # plan()'s arguments for the whole graph, where it may
         self.whole: Piece | None = None
+        self.ran = False
 
     def run(self, inputs: list, dyn: list, device: int, nodes: list) -> list:
         """The graph's outputs' values, in order, from its inputs and run-time values."""
@@ -108,6 +110,9 @@ class Schedule:
             if prog.job is None and prog.failed is None:
                 prog.compile_in_background([*[inputs[i] for i in whole.order], *dyn])
                 counters.count("graph_loops_unrolling")
+        if not self.ran:
+            self.ran = True
+            tiers.compile_early(self.pieces, inputs, dyn, nodes)
         store: dict[tuple, object] = {}
         for piece in self.pieces:
             # a step's fused program compiled since the last piece: its next steps run it
@@ -118,6 +123,7 @@ class Schedule:
                 store[ref] = value
             for ref in piece.free:
                 del store[ref]
+        tiers.compile_deferred()
         return [store[r] for r in self.outputs]
 
 
@@ -148,6 +154,10 @@ def plan(wiring: tuple, outputs: list, donated: list, n_inputs: int, device: int
         piece.program = _program(piece_key, piece, device, piece_key[-1], nodes)
         piece.recurs = not varying
         _finish(piece, n_inputs, last, out_set, donated_set)
+    seen: dict[int, int] = {}
+    for piece in reversed(pieces):
+        piece.left = seen.get(id(piece.program), 0)
+        seen[id(piece.program)] = piece.left + 1
     return Schedule(pieces, list(outputs), whole if n <= WHOLE_MAX_OPS else None)
 
 

@@ -17,6 +17,7 @@ from .. import _env, counters
 from ..lowering import checks
 from ..runtime import client, compile_cache, compile_pool, device_trace, watch
 from . import host_ops, op_cache
+from .program import aval as array_aval
 from .scalars import device_scalar
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
     here), or op by op (False: its fused program may be compiling meanwhile)."""
     prog = piece.program
     if prog.job is not None:  # compiling on a compile thread
-        return False
+        return _wait_for_fused(piece) if piece.recurs or not piece.per_op else False
     fused_args = [*[args[i] for i in piece.order], *dyn]
     if blocking() or not piece.per_op:
         prog.compile_now(fused_args)  # (from the disk cache if it is there)
@@ -79,7 +80,8 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
         return True
     if prog.failed is not None:
         return False
-    if prog.wanted != epoch:
+    first = prog.wanted != epoch
+    if first:
         prog.wanted = epoch
         prog.needs += 1
     elif piece.recurs:  # wanted again in this flush: a loop's step, a layer of a stack
@@ -88,23 +90,108 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
         prog.compile_now(fused_args)
         return True
     if prog.needs >= 2:  # it recurs (a second flush, or again in this one): worth a
-        prog.compile_in_background(fused_args)  # compile nobody waits for
+        # compile nobody waits for; where only this flush wants it again, beside the
+        # flush where that pays, else after it
+        if first or _pays_now(piece):
+            prog.compile_in_background(fused_args)
+        elif prog not in _deferred:
+            _deferred[prog] = [array_aval(a) for a in fused_args]
     return False
 
 
-def _ops_cheaper(piece: Piece) -> bool:
-    """Whether compiling the ops' missing programs (side by side on every core: their
-    tracing takes turns) and launching them one by one costs less than PREFER_OPS times
-    compiling the fused program."""
+# Fused programs of loop steps whose compile waits for the end of the flush (_pays_now).
+_deferred: dict = {}  # Program -> the avals of its arguments
+
+
+def _pays_now(piece: Piece, steps: int | None = None) -> bool:
+    """Whether a loop step's fused program should compile beside the flush that runs the
+    loop (`steps`: its occurrences still to run there), rather than after it. With cores
+    to spare (four or more), yes; with fewer, the compile takes its core from the loop's
+    op by op run (launches on PJRT's threads, the user's thread dispatching them): 1.3 s
+    more for a 32-token generate's 2.7 s, measured on two cores. There it compiles beside
+    the flush only where the loop's remaining steps, run op by op, would take longer than
+    the compile; else once the flush is done (the next flush, or the next process, runs
+    it from the disk cache)."""
+    if compile_pool.threads() >= 4:
+        return True
+    ops = len(piece.wiring)
+    left = piece.left if steps is None else steps
+    return left * ops * OP_LAUNCH > GRAPH_COMPILE + ops * NODE_COMPILE
+
+
+def compile_deferred() -> None:
+    """At the end of a flush: start the compiles _pays_now put off."""
+    if _deferred:
+        jobs = list(_deferred.items())
+        _deferred.clear()
+        for prog, avals in jobs:
+            if prog.compiled is None and prog.job is None and prog.failed is None:
+                prog.compile_in_background(avals)
+
+
+def compile_early(pieces: list[Piece], inputs: list, dyn, nodes: list) -> None:
+    """At a graph's first run: the fused program of a step its loop repeats within the
+    graph starts compiling on a compile thread now, while the pieces before it (a decode
+    loop's prefill) run op by op, rather than at its second step, where that pays
+    (_pays_now); where it is on disk, its first step loads it instead (fused_now).
+    Tiered execution only."""
+    if blocking():
+        return
+    started = set()
+    for piece in pieces:
+        prog = piece.program
+        if (not piece.left or not piece.recurs or id(prog) in started
+                or prog.compiled is not None or prog.job is not None
+                or prog.failed is not None or not _pays_now(piece, piece.left + 1)
+                or compile_cache.stored(prog.name)):
+            continue
+        started.add(id(prog))
+        sharding = jax.sharding.SingleDeviceSharding(client.device(prog.device))
+        avals = [array_aval(inputs[s]) if type(s) is int else
+                 _aval(nodes[s[0]].entry.result_avals[s[1]], sharding)
+                 for s in piece.sources]
+        prog.compile_in_background([*[avals[i] for i in piece.order],
+                                    *dyn[piece.dyn[0]:piece.dyn[1]]])
+        counters.count("background_compiles_early")
+
+
+def _wait_for_fused(piece: Piece) -> bool:
+    """Whether the piece runs its fused program, compiling on a compile thread, after
+    waiting for it: where the rest of that compile (priced as fused_now prices it, less
+    what it has run) costs less than running the piece op by op (where it cannot run op
+    by op, always). Returns False where the compile failed or will not finish."""
+    prog = piece.program
+    job = prog.job
+    if piece.per_op:
+        ran = 0.0 if job.started is None else time.perf_counter() - job.started
+        left = GRAPH_COMPILE + len(piece.wiring) * NODE_COMPILE - ran
+        if left >= _ops_seconds(piece):
+            return False
+    start = time.perf_counter()
+    compile_pool.wait_for(job)
+    compile_pool.poll()
+    counters.count("background_compiles_waited")
+    counters.add_compile_time(time.perf_counter() - start)
+    return prog.compiled is not None
+
+
+def _ops_seconds(piece: Piece) -> float:
+    """What running the piece op by op costs: compiling the ops' missing programs (side by
+    side on every core: their tracing takes turns) and launching them one by one."""
     missing = {id(w[0]): _launcher(w[0]) for w in piece.wiring
                if _launcher(w[0]).compiled is None}
     # (on disk, loaded: a warm process whose earlier pieces ran fused has loaded none of
     # their ops' programs, and would otherwise compile the next piece's fused program)
     stored = sum(compile_cache.stored(launcher.digest) for launcher in missing.values())
+    return (stored * OP_LOAD + (len(missing) - stored) *
+            (OP_LOWER + OP_COMPILE / compile_pool.threads()) + len(piece.wiring) * OP_LAUNCH)
+
+
+def _ops_cheaper(piece: Piece) -> bool:
+    """Whether running the piece op by op costs less than PREFER_OPS times compiling the
+    fused program."""
     ops = len(piece.wiring)
-    by_ops = (stored * OP_LOAD + (len(missing) - stored) *
-              (OP_LOWER + OP_COMPILE / compile_pool.threads()) + ops * OP_LAUNCH)
-    return by_ops < PREFER_OPS * (GRAPH_COMPILE + ops * NODE_COMPILE)
+    return _ops_seconds(piece) < PREFER_OPS * (GRAPH_COMPILE + ops * NODE_COMPILE)
 
 
 def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:

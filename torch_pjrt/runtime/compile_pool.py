@@ -68,7 +68,7 @@ class Job:
     user's thread changes (compile_cache.obtain is such a work); `done(result, error)` runs
     on the user's thread once it has finished (at its next poll() or wait())."""
 
-    __slots__ = ("work", "done", "result", "error", "seconds", "what")
+    __slots__ = ("work", "done", "result", "error", "seconds", "what", "started", "finished")
 
     def __init__(self, work: Callable[[], Any], done: Callable[[Any, Exception | None], None],
                  what: str):
@@ -78,6 +78,8 @@ class Job:
         self.result = None
         self.error: Exception | None = None
         self.seconds = 0.0
+        self.started: float | None = None  # time.perf_counter() when a thread took it
+        self.finished = False
 
 
 _cond = threading.Condition()
@@ -115,7 +117,7 @@ def _work() -> None:
                 return
             job = _queued.popleft()
             _running += 1
-        start = time.perf_counter()
+            start = job.started = time.perf_counter()
         try:
             job.result = job.work()
         except Exception as e:  # noqa: BLE001 - handed to done() on the user's thread
@@ -123,6 +125,7 @@ def _work() -> None:
         job.seconds = time.perf_counter() - start
         with _cond:
             _running -= 1
+            job.finished = True
             _finished.append(job)
             _cond.notify_all()
 
@@ -162,6 +165,14 @@ def wait(timeout: float | None = None) -> bool:
                 break
             _cond.wait(left)
         return not _queued and not _running
+
+
+def wait_for(job: Job) -> None:
+    """Wait until `job` has run on a compile thread (poll() then takes it into use); at
+    once where it will not run (dropped by cancel() or at exit)."""
+    with _cond:
+        while not job.finished and (job.started is not None or job in _queued):
+            _cond.wait()
 
 
 class Cancelled(Exception):
