@@ -57,32 +57,36 @@ def checks_data(name: str) -> bool:
 
 
 def _read_lines(name: str, what: str, counter: str, line: re.Pattern, lines_are: str
-                ) -> list[re.Match]:
+                ) -> list[bytes]:
     """The note's lines that match `line`; one that does not (a torn write, a bad block)
     makes the note damaged: rewritten with its good lines, with one warning."""
     path = _file(name)
     data = cache_files.read(path, compile_cache.root(), what, counter)
     if data is None:
         return []
+    # after the last newline: nothing, or a line another process writes now
+    data = data[:data.rfind(b"\n") + 1]
     lines = data.split(b"\n")
-    lines.pop()  # after the last newline: nothing, or a line another process writes now
-    good = [m for m in map(line.fullmatch, lines) if m is not None]
-    if len(good) < len(lines):
-        bad = next(text for text in lines if not line.fullmatch(text))
-        cache_files.damaged(path, what, counter,
-                            f"{len(lines) - len(good)} of {len(lines)} lines are not "
-                            f"{lines_are}, e.g. {bad[:80]!r}", keep=True)
-        kept = sorted({m.group(0) for m in good})
-        cache_files.replace(path, compile_cache.root(), b"".join(k + b"\n" for k in kept))
+    lines.pop()
+    # One pass over the whole note first (a note near its cap holds 100,000 lines: matched
+    # line by line, 0.35 s of a warm process's start); line by line only where it fails.
+    if re.fullmatch(b"(?:" + line.pattern + b"\n)*", data) is not None:
+        return lines
+    good = [text for text in lines if line.fullmatch(text)]
+    bad = next(text for text in lines if not line.fullmatch(text))
+    cache_files.damaged(path, what, counter,
+                        f"{len(lines) - len(good)} of {len(lines)} lines are not "
+                        f"{lines_are}, e.g. {bad[:80]!r}", keep=True)
+    kept = sorted(set(good))
+    cache_files.replace(path, compile_cache.root(), b"".join(k + b"\n" for k in kept))
     return good
 
 
 def _read_note() -> dict[str, bool]:
-    found: dict[str, bool] = {}
-    for m in _read_lines(_TRACED_FILE, "note of traced ops", "traced_note", _LINE,
-                        "digests"):
-        digest, checked = m.group(1).decode(), m.group(2) is not None
-        found[digest] = found.get(digest, False) or checked
+    lines = _read_lines(_TRACED_FILE, "note of traced ops", "traced_note", _LINE, "digests")
+    # (a digest noted twice checks data where either line says so)
+    found = {text[:64].decode(): False for text in lines if len(text) == 64}
+    found.update((text[:64].decode(), True) for text in lines if len(text) > 64)
     return found
 
 
@@ -122,11 +126,9 @@ def merge(data: bytes) -> int:
 
 
 def _read_layouts() -> dict[str, bytes]:
-    found: dict[str, bytes] = {}
-    for m in _read_lines(_LAYOUTS_FILE, "note of op layouts", "layout_note", _LAYOUT_LINE,
-                        "digests with a layout"):
-        found.setdefault(m.group(1).decode(), m.group(2))
-    return found
+    lines = _read_lines(_LAYOUTS_FILE, "note of op layouts", "layout_note", _LAYOUT_LINE,
+                        "digests with a layout")
+    return {text[:64].decode(): text[65:] for text in reversed(lines)}  # the first wins
 
 
 def layout(name: str) -> bytes | None:
