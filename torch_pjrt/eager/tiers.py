@@ -71,7 +71,13 @@ def fused_now(piece: Piece, args: list, dyn) -> bool:
     here), or op by op (False: its fused program may be compiling meanwhile)."""
     prog = piece.program
     if prog.job is not None:  # compiling on a compile thread
-        return _wait_for_fused(piece) if piece.recurs or not piece.per_op else False
+        if not piece.recurs and piece.per_op:
+            return False
+        if _wait_for_fused(piece):
+            return True
+        if piece.per_op:
+            return False
+        # (it cannot run op by op, and that compile failed: compiled here, its error raised)
     fused_args = [*[args[i] for i in piece.order], *dyn]
     if blocking() or not piece.per_op:
         prog.compile_now(fused_args)  # (from the disk cache if it is there)
@@ -159,7 +165,7 @@ def _wait_for_fused(piece: Piece) -> bool:
     """Whether the piece runs its fused program, compiling on a compile thread, after
     waiting for it: where the rest of that compile (priced as fused_now prices it, less
     what it has run) costs less than running the piece op by op (where it cannot run op
-    by op, always). Returns False where the compile failed or will not finish."""
+    by op, always). False where it does not wait, or the compile failed."""
     prog = piece.program
     job = prog.job
     if piece.per_op:
