@@ -170,6 +170,53 @@ def test_a_loop_compiles_its_step_beside_it_where_that_pays(monkeypatch):
         assert m["background_compiles_early"] == 1 and at[0] <= 1, (cores, steps, at)
 
 
+def test_a_step_that_cannot_run_op_by_op_raises_its_failed_compile(monkeypatch):
+    """A step that cannot run op by op waits for its fused compile started at the flush's
+    start; where that compile failed, the step compiles here and its error reaches the
+    user (it may not fall back to op by op)."""
+    import threading
+    import time
+
+    from torch_pjrt.eager import schedule
+    from torch_pjrt.runtime import compile_cache
+
+    monkeypatch.setattr(compile_pool, "threads", lambda: 4)
+    finish = schedule._finish
+
+    def no_op_by_op(piece, *args):
+        finish(piece, *args)
+        piece.per_op = False
+
+    monkeypatch.setattr(schedule, "_finish", no_op_by_op)
+    failing: set = set()
+    obtain = compile_cache.obtain
+
+    def failing_obtain(jitted, args, name, *rest, **kw):
+        if threading.current_thread().name.startswith("pjrt-compile-bg"):
+            failing.add(name)
+            time.sleep(1.0)  # still compiling when the loop reaches its first step
+        if name in failing:
+            raise RuntimeError("injected compile failure")
+        return obtain(jitted, args, name, *rest, **kw)
+
+    monkeypatch.setattr(compile_cache, "obtain", failing_obtain)
+    run_ops = tiers.run_ops
+    by_ops: list = []
+
+    def noted_run_ops(piece, *args):
+        by_ops.append(piece.per_op)
+        return run_ops(piece, *args)
+
+    monkeypatch.setattr(tiers, "run_ops", noted_run_ops)
+    w = _weights("pjrt")
+    graph.forget()
+    torch_pjrt.counters.reset()
+    with pytest.raises(RuntimeError, match="injected compile failure"):
+        _generate(w, 20).cpu()
+    assert failing and torch_pjrt.metrics()["background_compiles_waited"] >= 1
+    assert by_ops == []  # no piece ran op by op
+
+
 def test_a_loop_whose_shapes_change_every_flush_queues_no_compile_per_flush():
     """A layer stack recurs within each flush; where its input's length changes from flush
     to flush (a dynamic KV cache), each flush's layer program is new and seen once more

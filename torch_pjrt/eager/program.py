@@ -85,9 +85,10 @@ class Program:
         if error is not None:
             self.failed = error
             counters.count("background_compile_errors")
-            logs.compiles.warning("the fused program %s (%d ops) failed to compile; its ops "
-                                  "keep running one by one: %r", self.name[:12], self.ops,
-                                  error)
+            logs.compiles.warning("the fused program %s (%d ops) failed to compile in the "
+                                  "background; its ops keep running one by one (a graph "
+                                  "that cannot compiles it again, and raises): %r",
+                                  self.name[:12], self.ops, error)
             return
         with watch.background(self.asked_at):  # (counted as a compile nobody waited for)
             self.compiled = compile_cache.finish(built, self.name, self._restore, self._drop)
