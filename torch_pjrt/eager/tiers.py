@@ -2,8 +2,9 @@
 op by op on its ops' own programs (the ones strict mode runs: they exist, or compile in a
 fraction of the time, side by side on every core) where that is cheaper than waiting for
 the fused compile; the fused program compiles on a compile thread once the piece recurs (in
-a later flush, or within the same one: a loop's step), and runs from its first occurrence
-after it is ready. The rule and its figures: docs/compile-cost.md."""
+a later flush, or within the same one: a loop's step, whose compile starts with the flush,
+or after it where the loop's core is better spent running it: _pays_now), and runs from its
+first occurrence after it is ready. The rule and its figures: docs/compile-cost.md."""
 
 from __future__ import annotations
 
