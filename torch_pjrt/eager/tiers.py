@@ -121,9 +121,8 @@ def _pays_now(piece: Piece, steps: int | None = None) -> bool:
     it from the disk cache)."""
     if compile_pool.threads() >= 4:
         return True
-    ops = len(piece.wiring)
     left = piece.left if steps is None else steps
-    return left * ops * OP_LAUNCH > GRAPH_COMPILE + ops * NODE_COMPILE
+    return left * len(piece.wiring) * OP_LAUNCH > _fused_seconds(piece)
 
 
 def compile_deferred() -> None:
@@ -171,7 +170,7 @@ def _wait_for_fused(piece: Piece) -> bool:
     job = prog.job
     if piece.per_op:
         ran = 0.0 if job.started is None else time.perf_counter() - job.started
-        left = GRAPH_COMPILE + len(piece.wiring) * NODE_COMPILE - ran
+        left = _fused_seconds(piece) - ran
         if left >= _ops_seconds(piece):
             return False
     start = time.perf_counter()
@@ -194,11 +193,15 @@ def _ops_seconds(piece: Piece) -> float:
             (OP_LOWER + OP_COMPILE / compile_pool.threads()) + len(piece.wiring) * OP_LAUNCH)
 
 
+def _fused_seconds(piece: Piece) -> float:
+    """What compiling the piece's fused program costs."""
+    return GRAPH_COMPILE + len(piece.wiring) * NODE_COMPILE
+
+
 def _ops_cheaper(piece: Piece) -> bool:
     """Whether running the piece op by op costs less than PREFER_OPS times compiling the
     fused program."""
-    ops = len(piece.wiring)
-    return _ops_seconds(piece) < PREFER_OPS * (GRAPH_COMPILE + ops * NODE_COMPILE)
+    return _ops_seconds(piece) < PREFER_OPS * _fused_seconds(piece)
 
 
 def run_ops(piece: Piece, args: list, dyn, device: int, nodes: list) -> list:
