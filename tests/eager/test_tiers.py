@@ -74,25 +74,6 @@ def test_a_decode_loop_compiles_its_step_once(monkeypatch):
     assert torch_pjrt.metrics()["compiles"] == 1 and "graph_loops" not in torch_pjrt.metrics()
 
 
-def test_tiered_decode_runs_op_by_op_then_its_fused_step():
-    expected = _generate(_weights("cpu"), 20)
-    w = _weights("pjrt")
-    graph.forget()
-    torch_pjrt.counters.reset()
-    assert torch.equal(_generate(w, 20).cpu(), expected)
-    m = torch_pjrt.metrics()
-    # op by op; the step recurs within the flush: its fused program, and only it, compiles
-    # in the background (the prefix and the rest, seen once, do not)
-    assert m["tiered_pieces"] >= 19 and m["background_compiles_queued"] == 1
-    torch_pjrt.wait_for_compiles()
-    before = torch_pjrt.metrics().get("tiered_ops", 0)
-    assert torch.equal(_generate(w, 20).cpu(), expected)
-    m = torch_pjrt.metrics()
-    # the steps ran their fused program; only the pieces seen once ran op by op
-    assert m["background_compiles"] >= 1
-    assert m["tiered_ops"] - before < m["tiered_ops"] // 4
-
-
 def test_a_step_switches_to_its_fused_program_within_the_flush(monkeypatch):
     """A step's fused program compiled while the flush runs serves the steps after it."""
     from torch_pjrt.eager import program
@@ -131,10 +112,11 @@ def _queued_when(monkeypatch) -> list:
     return at
 
 
-def test_a_short_loop_compiles_its_step_after_the_flush_on_two_cores(monkeypatch):
-    """With two cores, a step's fused compile beside its loop slows the loop's op by op run
-    by more than it gains within the flush (the loop is short): it starts once the flush
-    is done, and the next flush runs the step's program."""
+def test_tiered_decode_runs_op_by_op_then_its_fused_step(monkeypatch):
+    """The decode loop runs op by op; its step recurs within the flush, and on two cores its
+    fused compile (and only it: the prefix and the rest are seen once) starts once the flush
+    is done, since beside a short loop it would slow the loop's op by op run by more than it
+    gains; the next flush runs the step's program."""
     monkeypatch.setattr(compile_pool, "threads", lambda: 2)
     at = _queued_when(monkeypatch)
     expected = _generate(_weights("cpu"), 20)
@@ -144,11 +126,14 @@ def test_a_short_loop_compiles_its_step_after_the_flush_on_two_cores(monkeypatch
     assert torch.equal(_generate(w, 20).cpu(), expected)
     m = torch_pjrt.metrics()
     assert m["graph_loops"] == 1 and m["tiered_pieces"] >= 19
+    assert m["background_compiles_queued"] == 1
     assert at == [m["tiered_pieces"]]  # queued after every piece ran
     torch_pjrt.wait_for_compiles()
     before = torch_pjrt.metrics()["tiered_ops"]
     assert torch.equal(_generate(w, 20).cpu(), expected)
     m = torch_pjrt.metrics()
+    # the steps ran their fused program; only the pieces seen once ran op by op
+    assert m["background_compiles"] >= 1
     assert m["tiered_ops"] - before < m["tiered_ops"] // 4
 
 
