@@ -45,12 +45,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "come in another order. The other cases pass", True),
     },
     "test_type_promotion.py": {
-        **{name: (_COMPLEX32, True)
-           for name in ("TestTypePromotion.test_complex_assertraises",
-                        "TestTypePromotion.test_complex_half",
-                        "TestTypePromotion.test_complex_promotion",
-                        "TestTypePromotion.test_result_type_complex*_float16",
-                        "TestTypePromotion.test_result_type_float16_complex*")},
         "TestTypePromotion.test_sparse_*": (
             "sparse COO tensors: XLA arrays are dense and pjrt has no sparse layout", True),
     },
@@ -78,16 +72,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "eager mode at the op), as it reports every data-dependent error; CUDA's kernel "
             "reads std.min() back to the host (a synchronization per call) to raise at the "
             "op. The error is raised, not lost (tests/lowering checks it)", True),
-        # complex32 factories (rand, randn, zeros, ones, empty, torch.complex of float16,
-        # and cat over every dtype)
-        **{name: (_COMPLEX32, True) for name in (
-            "TestRandomTensorCreation.test_rand_complex32",
-            "TestRandomTensorCreation.test_randn_complex32", "TestTensorCreation.test_ones",
-            "TestTensorCreation.test_zeros", "TestTensorCreation.test_tensor_factories_empty",
-            "TestTensorCreation.test_torch_complex_float16",
-            "TestTensorCreation.test_cat_all_dtypes_and_devices")},
-        # fills every dtype torch has, complex32 among them (the float8 ones pass)
-        "TestTensorCreation.test_fill_all_dtypes_and_devices": (_COMPLEX32, True),
         "TestTensorCreation.test_tensor_ctor_device_inference": (
             "builds sparse COO tensors on the device: XLA arrays are dense and pjrt has no "
             "sparse layout", True),
@@ -100,11 +84,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "worker cap, where the CPU takes 2 s)", False),
     },
     "test_torch.py": {
-        "TestTorchDeviceType.test_complex_half_experimental_warning": (_COMPLEX32, True),
-        "TestTorchDeviceType.test_deterministic_empty_complex32": (_COMPLEX32, True),
-        # copies from every dtype, complex32 among them, into each dtype
-        "TestTorchDeviceType.test_copy__*": (_COMPLEX32, True),
-        "TestTorchDeviceType.test_item_complex32": (_COMPLEX32, True),
         **{f"TestTorchDeviceType.test_masked_scatter_{dtype}": (
             "expects the error for a source shorter than the mask's True count at the "
             "masked_scatter_ call: pjrt counts the mask on the device and raises at the next "

@@ -14,14 +14,12 @@ error inputs pjrt does not reject with the CPU's exception type; a name is
 _BATCH_NORM_EVAL = ("eval mode: save_mean/invstd of shape [C] as the meta kernel (and CUDA) "
                     "give them; the CPU's are [0]. Not read by the eval backward")
 _SPARSE = "sparse layouts are not supported on pjrt"
-_COMPLEX32 = "complex32 (chalf) is not a pjrt dtype: raises NotImplementedError naming the dtype"
 _PARTIAL_VIEW = ("not an error: as on CUDA, .to() copies a partial view into a storage of "
                  "its own, so as_strided over it reads other elements than over the CPU's")
 
 FORWARD: dict[str, str] = {
     "_native_batch_norm_legit": _BATCH_NORM_EVAL,
     "as_strided.partial_views": _PARTIAL_VIEW,
-    "chalf": _COMPLEX32,
     "matrix_exp": "less precise than the CPU (abs. error ~7e-2 on values ~1e4, sample 1)",
     "native_batch_norm": _BATCH_NORM_EVAL,
     "nn.functional.multi_head_attention_forward":
@@ -34,7 +32,6 @@ FORWARD: dict[str, str] = {
 
 BACKWARD: dict[str, str] = {
     "as_strided.partial_views": _PARTIAL_VIEW,
-    "chalf": _COMPLEX32,
     "linalg.householder_product": "backward less precise than the CPU (abs. error ~5e-3)",
     "logcumsumexp": "backward less precise than the CPU (abs. error ~5e-3)",
     "matrix_exp": "less precise than the CPU (abs. error ~5e-3)",

@@ -205,7 +205,8 @@ def test_device_capability():
     assert {torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool} <= dtypes
     for dtype in dtypes:
         assert torch.zeros(2, dtype=dtype, device="pjrt").dtype == dtype
-    assert torch.complex32 not in dtypes
+    assert torch.complex32 in dtypes  # stored as its float16 parts (storage/dtypes.py)
+    assert torch.float8_e8m0fnu not in dtypes
 
 
 # ------------------------------------------------------------------------ compiler

@@ -288,8 +288,11 @@ def _interpreter(gm: torch.fx.GraphModule, placeholders: list, outputs: list,
                                    else m)
                     continue
                 r = next(arrays)
-                results.append(r if st is None or r is None
-                               else apply.broadcast_cast(r, st.shape, st.dtype))
+                if st is not None and r is not None:
+                    r = apply.broadcast_cast(r, st.shape, st.dtype)
+                    if m.dtype is torch.complex32:  # rounded as eager stores it
+                        r = views.round_to_complex32(r)
+                results.append(r)
             if rule is not None and rule.post is not None:
                 results = _post(results, rule, truth)
             multi = isinstance(node.meta.get("val"), (list, tuple))

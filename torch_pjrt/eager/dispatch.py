@@ -134,7 +134,7 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     """A dense CPU copy of a pjrt tensor (waits for the device): a synchronization point."""
     buf = dense_buffer(t)
     checks.raise_pending()
-    return transfer.device_to_host(buf, t.shape)
+    return transfer.device_to_host(buf, t.shape, t.dtype)
 
 
 # The dtype of a Python number as PyTorch wraps it into a tensor (x.copy_(float("inf"))

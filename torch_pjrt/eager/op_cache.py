@@ -209,7 +209,7 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.donate = tuple(
         b for b in entry.written
         if call.recs[b].value is not None
-        and all(dtypes.to_jax(t[1]) == call.recs[b].dtype for t in entry.targets if t[0] == b))
+        and all(dtypes.buffer(t[1]) == call.recs[b].dtype for t in entry.targets if t[0] == b))
 
     # Fresh outputs, laid out as the meta result says (PyTorch's strides).
     fresh_meta = fresh_outputs(spec, meta_out)
@@ -221,8 +221,8 @@ def compile_entry(call: Call, key: tuple) -> Entry:
         if m is None:  # an undefined tensor (e.g. a gradient output_mask turned off)
             entry.outs.append(None)
             continue
-        shape, stride, jdtype = tuple(m.shape), tuple(m.stride()), dtypes.to_jax(m.dtype)
-        nbytes = views.span(shape, stride) * jdtype.itemsize
+        shape, stride, jdtype = tuple(m.shape), tuple(m.stride()), dtypes.buffer(m.dtype)
+        nbytes = views.span(shape, stride) * m.dtype.itemsize
         entry.outs.append((shape, stride, m.dtype, jdtype, nbytes))
     if not entry.outs and len(spec.returns_plan) == 1 and spec.returns_plan[0][0] == "alias":
         entry.alias_return = spec.returns_plan[0][1]
@@ -253,7 +253,7 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     entry.result_avals = [((o[4] // o[3].itemsize,), o[3]) for o in entry.outs if o is not None]
     for b in entry.written:
         numel, old = buffer_shapes[b]
-        new = dtypes.to_jax([t for t in entry.targets if t[0] == b][-1][1])
+        new = dtypes.buffer([t for t in entry.targets if t[0] == b][-1][1])
         entry.result_avals.append(((numel * old.itemsize // new.itemsize,), new))
     entry.n_results = len(entry.result_avals)
     entry.name = str(spec.op)

@@ -70,7 +70,7 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
     meta_structs = [None if m is None else
                     jax.ShapeDtypeStruct(tuple(m.shape), dtypes.to_jax(m.dtype))
                     for m in computed]
-    out_specs = [None if o is None else o[:2] + o[3:4] for o in entry.outs]
+    out_specs = [None if o is None else o[:3] for o in entry.outs]  # shape, stride, dtype
     n_targets = len(entry.targets)
 
     order = entry.order
@@ -101,8 +101,14 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             val = _resolve_flags(apply.broadcast_cast(val, shape, dtypes.to_jax(dtype)),
                                  view_flags)  # an involution: stored as the view reads it
             base = new_bufs.get(buf, bufs[buf])
-            if offset == DYNAMIC:
-                new_bufs[buf] = views.write_at(base, val, shape, stride, at[slot])
+            dynamic = offset == DYNAMIC
+            if dynamic:
+                offset = at[slot]
+            if dtype is torch.complex32:
+                val = views.to_parts(val)
+                shape, stride, offset = views.complex32_parts(shape, stride, offset)
+            if dynamic:
+                new_bufs[buf] = views.write_at(base, val, shape, stride, offset)
             else:
                 new_bufs[buf] = views.write(base, val, shape, stride, offset)
 
@@ -112,11 +118,18 @@ def make_trace(spec: OpSpec, key: tuple, entry: Entry, compute, computed,
             _, dtype, shape, stride, offset = part[:5]
             if flat_math and len(shape) > 1:  # see _shape_agnostic
                 shape, stride = (math.prod(shape),), (1,)
-            if offset == DYNAMIC:  # a view at an offset given at run time
-                value = views.read_at(buf, shape, stride, at[slot], dtypes.to_jax(dtype))
+            dynamic = offset == DYNAMIC  # a view at an offset given at run time
+            if dynamic:
+                offset = at[slot]
+            parts = dtype is torch.complex32
+            if parts:
+                shape, stride, offset = views.complex32_parts(shape, stride, offset)
+            jdtype = dtypes.buffer(dtype)
+            if dynamic:
+                value = views.read_at(buf, shape, stride, offset, jdtype)
             else:
-                value = views.read(buf, shape, stride, offset, dtypes.to_jax(dtype))
-            return _resolve_flags(value, part[8])
+                value = views.read(buf, shape, stride, offset, jdtype)
+            return _resolve_flags(views.from_parts(value) if parts else value, part[8])
 
         def reread(part, slot):
             """A list element read again, after the writes before it (_in_order)."""
@@ -283,14 +296,19 @@ def _resolve_flags(x, flags: int):
     return x
 
 
-def _layout(value, shape, stride, dtype):
-    """A result in PyTorch's output layout. None where the meta kernel says a tensor is
-    returned means an undefined gradient: zeros, as PyTorch materializes them."""
+def _layout(value, shape, stride, dtype: torch.dtype):
+    """A result in PyTorch's output layout, as the flat buffer of its storage. None where
+    the meta kernel says a tensor is returned means an undefined gradient: zeros, as
+    PyTorch materializes them."""
+    jdtype = dtypes.to_jax(dtype)
     if value is None:
-        value = jnp.zeros(shape, dtype)
-    value = apply.broadcast_cast(value, shape, dtype)
+        value = jnp.zeros(shape, jdtype)
+    value = apply.broadcast_cast(value, shape, jdtype)
+    if dtype is torch.complex32:
+        value = views.to_parts(value)
+        shape, stride, _ = views.complex32_parts(shape, stride, 0)
     n = math.prod(shape)
     if views.span(shape, stride) == n:
         return views.to_flat(value, stride)
-    flat = jnp.zeros((views.span(shape, stride),), dtype)
+    flat = jnp.zeros((views.span(shape, stride),), value.dtype)
     return views.write(flat, value, shape, stride, 0)

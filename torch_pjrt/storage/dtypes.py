@@ -30,6 +30,13 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float8_e5m2fnuz: np.dtype(jnp.float8_e5m2fnuz),
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+# complex32 (complex half) has no XLA type. Its storage holds float16 (real, imaginary)
+# pairs, byte for byte as PyTorch lays it out (so views as float16, view_as_real and
+# transfers are plain bytes), and a program computes on it in complex64, rounding each
+# part to float16 where it stores a result (storage/views.py: complex32 parts), as the
+# CPU's and CUDA's kernels compute ComplexHalf in complex<float>.
+COMPLEX32_PARTS = np.dtype(jnp.float16)
+_COMPUTED_AS = {torch.complex32: np.dtype(jnp.complex64)}
 _E4M3 = np.dtype(jnp.float8_e4m3fn)
 
 
@@ -57,25 +64,36 @@ def convert(x, dtype) -> jnp.ndarray:
 # Dtypes a platform's PJRT plugin cannot hold (checked when a tensor is made).
 UNSUPPORTED_ON: dict[str, frozenset[torch.dtype]] = {
     "tpu": frozenset({torch.float64, torch.complex128}),
-    "neuron": frozenset({torch.float64, torch.complex128, torch.complex64}),
+    "neuron": frozenset({torch.float64, torch.complex128, torch.complex64, torch.complex32}),
 }
 
 
 def supported(platform: str) -> frozenset[torch.dtype]:
     """The dtypes a pjrt tensor can have on `platform`."""
-    return frozenset(TORCH_TO_JAX) - UNSUPPORTED_ON.get(platform, frozenset())
+    return (frozenset(TORCH_TO_JAX) | frozenset(_COMPUTED_AS)) - UNSUPPORTED_ON.get(
+        platform, frozenset())
 
 
 def to_jax(dtype: torch.dtype) -> np.dtype:
+    """The JAX dtype a program computes `dtype` in (complex64 for complex32)."""
     try:
         return TORCH_TO_JAX[dtype]
     except KeyError:
-        supported = ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_JAX)
+        if dtype in _COMPUTED_AS:
+            return _COMPUTED_AS[dtype]
+        supported = ", ".join(str(d).removeprefix("torch.")
+                              for d in (*TORCH_TO_JAX, *_COMPUTED_AS))
         # NotImplementedError, as PyTorch's kernels raise for a dtype they lack: a
         # TypeError inside `x + y` becomes Python's "unsupported operand type(s)"
         raise NotImplementedError(
             f"pjrt: dtype {dtype} is not supported on the pjrt device (supported: {supported})"
         ) from None
+
+
+def buffer(dtype: torch.dtype) -> np.dtype:
+    """The JAX dtype of the flat buffer a storage of `dtype` tensors holds: to_jax's, but
+    float16 for complex32 (its parts)."""
+    return COMPLEX32_PARTS if dtype is torch.complex32 else to_jax(dtype)
 
 
 def to_torch(dtype) -> torch.dtype:

@@ -212,9 +212,9 @@ def read_record(t: torch.Tensor) -> StorageRecord:
 
 def empty_strided(shape, stride, dtype: torch.dtype, device: int, value=None) -> torch.Tensor:
     """A new pjrt tensor with its own storage, holding `value` (a flat buffer) or nothing."""
-    jdtype = dtypes.to_jax(dtype)
+    jdtype = dtypes.buffer(dtype)
     dtypes.check_platform(dtype, client.platform())
-    nbytes = views.span(shape, stride) * jdtype.itemsize
+    nbytes = views.span(shape, stride) * dtype.itemsize
     return new_tensor(shape, stride, dtype, jdtype, nbytes, device, value)
 
 

@@ -50,6 +50,8 @@ def host_to_device(t: torch.Tensor, device: int) -> jax.Array:
     # copy, so the caller may modify its CPU tensor right away. torch copies `t` into
     # memory numpy owns: t.numpy() would tie the caller's storage to numpy and make it
     # no longer resizable (its out= and resize_ would then fail on the CPU).
+    if t.dtype is torch.complex32:  # its float16 parts (storage/dtypes.py)
+        t = torch.view_as_real(t)
     carrier = _CARRIER.get(t.dtype)
     source = t.view(carrier) if carrier is not None else t
     host = np.empty(t.numel(), dtypes.to_jax(source.dtype))  # 1-d: any number of dims
@@ -69,9 +71,13 @@ def _fetch(buf: jax.Array) -> np.ndarray:
     return a
 
 
-def device_to_host(buf: jax.Array, shape) -> torch.Tensor:
-    """A CPU tensor with the contents of a dense device buffer (waits for it)."""
-    return from_numpy(_fetch(buf)).reshape(shape)
+def device_to_host(buf: jax.Array, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A CPU tensor with the contents of a dense device buffer (waits for it); `dtype`
+    where the buffer holds it in another (complex32: its float16 parts)."""
+    t = from_numpy(_fetch(buf))
+    if dtype is not None and dtype != t.dtype:
+        t = t.view(dtype)
+    return t.reshape(shape)
 
 
 # The last buffer element_to_host copied, and its host copy: reading a tensor's elements one

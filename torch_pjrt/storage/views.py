@@ -79,6 +79,33 @@ def reinterpret(flat, dtype):
     return _from_bytes(_to_bytes(flat), dtype)
 
 
+# ------------------------------------------------------- complex32 as float16 parts
+def complex32_parts(shape: Shape, stride: Shape, offset):
+    """The float16 view of a complex32 view's (real, imaginary) parts: one more dim of 2,
+    every stride and the offset (static or traced) in float16 elements
+    (storage/dtypes.py: COMPLEX32_PARTS)."""
+    return (*shape, 2), (*(2 * s for s in stride), 1), offset * 2
+
+
+def from_parts(parts):
+    """complex32 values, read as float16 parts [..., 2], as the complex64 a program
+    computes with."""
+    return lax.complex(parts[..., 0].astype(jnp.float32), parts[..., 1].astype(jnp.float32))
+
+
+def to_parts(value):
+    """complex values as complex32 stores them: each part rounded to float16, [..., 2]."""
+    value = jnp.asarray(value)
+    if not jnp.issubdtype(value.dtype, jnp.complexfloating):
+        value = value.astype(jnp.complex64)
+    return jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1).astype(jnp.float16)
+
+
+def round_to_complex32(value):
+    """complex64 values as a complex32 tensor holds them (each part rounded to float16)."""
+    return from_parts(to_parts(value))
+
+
 # ---------------------------------------------------------------- view plans
 def _block_plan(shape, stride):
     """Express a strided view as prefix-slices of a reshaped flat block.

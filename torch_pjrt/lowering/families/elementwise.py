@@ -540,6 +540,8 @@ def complex_(real, imag, *, meta):
         raise RuntimeError(f"Expected object of scalar type {checks.type_name(expected)} but "
                            f"got scalar type {checks.type_name(meta[0].dtype)} for argument "
                            "'out'")
+    if real.dtype == jnp.float16:  # complex32, computed as complex64 (storage/dtypes.py)
+        real, imag = real.astype(jnp.float32), imag.astype(jnp.float32)
     return lax.complex(*jnp.broadcast_arrays(real, imag))
 
 
