@@ -1,7 +1,8 @@
 """FX nodes other than ATen ops in compiled graphs: Python functions on sizes
 (torch.sym_max, math.floor, operator.*), tensor constants (get_attr, lift_fresh_copy)
-and the prims cast of float math on sizes. Each must run in the graph's program and give
-CPU eager's values and dtypes, not crash nor leave the graph to run op by op."""
+and the prims cast of float math on sizes; and ATen's conjugate and negative views, which
+eager mode keeps as tensor flags. Each must run in the graph's program and give CPU
+eager's values and dtypes, not crash nor leave the graph to run op by op."""
 
 import math
 
@@ -86,3 +87,22 @@ def test_constant_with_gradient():
                        .pow(2).sum(), backend="pjrt")
     fn(wd).backward()
     torch.testing.assert_close(wd.grad.cpu(), w.grad)
+
+
+FLAG_VIEWS = {
+    "conj_of_input": lambda x, y: x.conj() * y,
+    "conj_of_result": lambda x, y: (x * y).conj(),
+    "conj_twice": lambda x, y: (x.conj() * y).conj() + x.conj(),
+    "neg_view": lambda x, y: torch.ops.aten._neg_view(x * y) + y,
+    "view_as_real_of_conj": lambda x, y: torch.view_as_real(x.conj().resolve_conj()) * 2,
+}
+
+
+@pytest.mark.parametrize("name", FLAG_VIEWS)
+def test_conjugate_and_negative_views(name):
+    x, y = torch.randn(6, dtype=torch.complex64), torch.randn(6, dtype=torch.complex64)
+    fn = FLAG_VIEWS[name]
+    expected = fn(x, y).resolve_conj().resolve_neg()
+    actual = torch.compile(fn, backend="pjrt")(x.to("pjrt"), y.to("pjrt"))
+    torch.testing.assert_close(actual.cpu().resolve_conj().resolve_neg(), expected)
+    assert torch_pjrt.counters.value("compile_eager_graphs") == 0

@@ -25,7 +25,10 @@ _CARRIER = {
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A contiguous CPU tensor as a numpy array with the matching JAX dtype."""
+    """A contiguous CPU tensor as a numpy array with the matching JAX dtype (complex64 for
+    complex32, which numpy lacks: the dtype a program computes it in)."""
+    if t.dtype is torch.complex32:
+        return t.to(torch.complex64).numpy()
     carrier = _CARRIER.get(t.dtype)
     if carrier is not None:
         return t.view(carrier).numpy().view(dtypes.to_jax(t.dtype))

@@ -48,6 +48,18 @@ def alias(x):
     return x
 
 
+# A graph's values are what the tensors read as, so the conjugate and negative views are
+# their math: eager mode keeps them as the tensor's flags instead (eager/trace.py).
+@lower(aten._conj.default, eager=False)
+def conj_view(x):
+    return jnp.conj(x)
+
+
+@lower(aten._neg_view.default, eager=False)
+def neg_view(x):
+    return -x
+
+
 @lower(aten.t.default, eager=False)
 def t(x):
     return x.T if x.ndim == 2 else x
