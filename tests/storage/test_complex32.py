@@ -41,6 +41,7 @@ def test_round_trip_is_exact():
     _same(x.to("pjrt"), x)
     _same(x.reshape(2, 4).t().to("pjrt"), x.reshape(2, 4).t())  # a strided source
     assert x.to("pjrt")[1].item() == x[1].item()
+    assert torch.zeros(0, 3, dtype=C32, device="pjrt").cpu().shape == (0, 3)
 
 
 def test_arithmetic_rounds_each_part_to_float16_as_the_cpu():

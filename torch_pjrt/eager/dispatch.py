@@ -15,7 +15,7 @@ import torch
 
 from ..lowering import checks, registry
 from ..storage import table, transfer, views
-from . import dynamic, executor, fallback, meta, op_cache, opspec
+from . import dynamic, executor, fallback, meta, op_cache, opspec, sparse
 
 aten = torch.ops.aten
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -324,6 +324,13 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     for namespace, ops in by_namespace.items():
         executor._native.register_op_kernels(namespace, ops)
     fallback_lib.fallback(_taking_turns(fallback.run))
+    _sparse_libs[:] = [sparse.install(_taking_turns(fallback.cpu_fallback))]
+    fallback_lib.fallback(_taking_turns(lambda op, *args, **kwargs:
+                                        fallback.cpu_fallback(op, args, kwargs)),
+                          "SparsePrivateUse1")
+
+
+_sparse_libs: list = []  # keeps the SparsePrivateUse1 kernels registered
 
 
 def _taking_turns(kernel):

@@ -119,7 +119,7 @@ def _shared_storages(tree, pjrt: str) -> set[int]:
     seen: set[int] = set()
     shared: set[int] = set()
     for t in torch.utils._pytree.tree_leaves(tree):
-        if isinstance(t, torch.Tensor) and t.device.type == pjrt:
+        if isinstance(t, torch.Tensor) and t.device.type == pjrt and t.layout == torch.strided:
             ptr = torch._C._storage_address(t)  # (data_ptr() would materialize a lazy clone)
             (shared if ptr in seen else seen).add(ptr)
     return shared
@@ -176,6 +176,8 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
         nonlocal device
         if isinstance(x, torch.Tensor) and x.device.type == pjrt:
             device = device or x.device
+            if x.layout != torch.strided:  # sparse (eager/sparse.py): no storage
+                return x.cpu()
             ptr = torch._C._storage_address(x)
             if ptr not in shared:
                 return x.cpu()
@@ -214,6 +216,9 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
         pairs = zip(orig, copy) if isinstance(orig, (list, tuple)) else [(orig, copy)]
         for o, c in pairs:
             if isinstance(o, torch.Tensor) and o.device.type == pjrt:
+                if o.layout == torch.sparse_coo:  # (copy_ itself runs here for sparse)
+                    torch.ops.aten.copy_sparse_to_sparse_(o, c)
+                    continue
                 if o.shape != c.shape:
                     o.resize_(c.shape)
                 o.copy_(c)

@@ -78,8 +78,8 @@ def device_to_host(buf: jax.Array, shape, dtype: torch.dtype | None = None) -> t
     """A CPU tensor with the contents of a dense device buffer (waits for it); `dtype`
     where the buffer holds it in another (complex32: its float16 parts)."""
     t = from_numpy(_fetch(buf))
-    if dtype is not None and dtype != t.dtype:
-        t = t.view(dtype)
+    if dtype is not None and dtype != t.dtype:  # (an empty numpy array has stride 0)
+        t = t.view(dtype) if t.numel() else torch.empty(0, dtype=dtype)
     return t.reshape(shape)
 
 
