@@ -139,6 +139,17 @@ def test_lu_pivots_and_info():
     compare(lambda t: torch.linalg.lu_factor_ex(t), torch.randn(3, 5, dtype=torch.float64))
 
 
+def test_lu_unpack_takes_lu_factor_pivots_and_refuses_others():
+    # the CPU check of the stand-ins (all-0 and all-1-byte pivots) refused every call
+    a = torch.randn(2, 3, 3, dtype=torch.float64)
+    compare(lambda t: torch.lu_unpack(*torch.linalg.lu_factor(t)), a)
+    lu, pivots = torch.linalg.lu_factor(a)
+    bad = pivots.clone()
+    bad[0, 0] = 0
+    with pytest.raises(RuntimeError, match="pivots passed to lu_unpack must be between"):
+        torch.lu_unpack(lu.to("pjrt"), bad.to("pjrt"))[0].cpu()
+
+
 def test_cholesky_info_and_check_errors():
     a = torch.tensor([[4.0, 2.0], [2.0, -3.0]])
     _, info = torch.linalg.cholesky_ex(a.to("pjrt"))

@@ -251,6 +251,9 @@ def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
     k = min(m, n)
     empty = jnp.zeros((0,), lu.dtype)
     if unpack_pivots:
+        checks.require(jnp.all((pivots >= 1) & (pivots <= m)), RuntimeError,
+                       "pivots passed to lu_unpack must be between 1 and LU.size(-2) "
+                       "inclusive.Did you properly pass the result of lu_factor?")
         perm = _perm_from_pivots(pivots, m)
         p = jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=lu.dtype), -1, -2)
     else:
