@@ -69,6 +69,24 @@ def test_device_only_skips_leave_the_rate():
     assert (s["passing"], s["cpu_pass"]) == (1, 3)
 
 
+def test_later_runs_overlay_earlier_ones_test_by_test():
+    tool = _tool()
+
+    def o(outcome):
+        return {"outcome": outcome, "message": "", "secs": 1.0, "rss_mb": 0}
+
+    whole = {"file": "f.py", "pjrt_secs": 100.0, "pjrt": {"T.a": o("failed"), "T.b": o("passed")},
+             "cpu": {"T.a": o("passed"), "T.b": o("passed")}}
+    rerun = {"file": "f.py", "pjrt_secs": 2.0, "pjrt": {"T.a": o("passed")},
+             "cpu": {"T.a": o("passed")}}
+    other = {"file": "g.py", "pjrt_secs": 5.0, "pjrt": {"T.c": o("passed")}, "cpu": {}}
+    merged = tool.overlay([whole, rerun, other])
+    assert [r["file"] for r in merged] == ["f.py", "g.py"]
+    assert merged[0]["pjrt"]["T.a"]["outcome"] == "passed"  # the rerun's outcome
+    assert merged[0]["pjrt"]["T.b"]["outcome"] == "passed" and merged[0]["pjrt_secs"] == 100.0
+    assert whole["pjrt"]["T.a"]["outcome"] == "failed"  # the inputs are left as they were
+
+
 NOISY = '''
 import sys, unittest
 import torch

@@ -755,6 +755,21 @@ def run_files(args, known) -> list[dict]:
 
 
 
+def overlay(results: list[dict]) -> list[dict]:
+    """One outcome list per file: where several runs name the same file (a whole run, then
+    --match reruns of some of its tests), a later run's outcome of a test replaces the
+    earlier one's; the file's times stay the first run's (the whole run)."""
+    merged: dict[str, dict] = {}
+    for r in results:
+        first = merged.get(r["file"])
+        if first is None:
+            merged[r["file"]] = {**r, "pjrt": dict(r["pjrt"]), "cpu": dict(r["cpu"])}
+            continue
+        first["pjrt"].update(r["pjrt"])
+        first["cpu"].update(r["cpu"])
+    return list(merged.values())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="*", help="test files (default: every file of FILES)")
@@ -774,7 +789,9 @@ def main(argv=None) -> int:
     p.add_argument("--report", default=None, help="write this markdown report")
     p.add_argument("--json", default=None, help="write the raw outcomes here")
     p.add_argument("--from-json", nargs="+", default=None, metavar="JSON",
-                   help="run nothing: report the outcomes of earlier runs' --json files")
+                   help="run nothing: report the outcomes of earlier runs' --json files (a "
+                   "later file's outcome of a test replaces an earlier one's: --match reruns "
+                   "overlaid on a whole run)")
     p.add_argument("--history", default=None, metavar="NOTE",
                    help=f"add this run's counts per file to {HISTORY.name} (the report's "
                    "before/after table), with NOTE saying what ran")
@@ -794,7 +811,7 @@ def main(argv=None) -> int:
     import pytorch_tests_known as known
 
     if args.from_json:  # the report of earlier runs' outcomes, nothing run
-        results = [r for f in args.from_json for r in json.loads(Path(f).read_text())]
+        results = overlay([r for f in args.from_json for r in json.loads(Path(f).read_text())])
     else:
         results = run_files(args, known)
     if args.json:

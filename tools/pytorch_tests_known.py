@@ -22,7 +22,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "scales)", True),
     },
     "test_view_ops.py": {
-        "TestViewOps.test_view_as_real_complex32": (_COMPLEX32, True),
         "TestOldViewOps.test_flatten": (
             "flattens a quantized tensor (_empty_affine_quantized) after the float one: pjrt "
             "has no quantized tensors (XLA has no scale/zero-point type)", True),
@@ -44,21 +43,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "here); pjrt sorts NaN rows last, as torch.sort does, so the same rows and counts "
             "come in another order. The other cases pass", True),
     },
-    "test_type_promotion.py": {
-        "TestTypePromotion.test_sparse_*": (
-            "sparse COO tensors: XLA arrays are dense and pjrt has no sparse layout", True),
-    },
-    "test_unary_ufuncs.py": {
-        # the OpInfo tests at complex32, and the chalf op (a conversion to complex32) at
-        # every dtype
-        "TestUnaryUfuncs.*_complex32": (_COMPLEX32, True),
-        "TestUnaryUfuncs.*_chalf_*": (_COMPLEX32, True),
-    },
-    "test_binary_ufuncs.py": {
-        # the OpInfo tests at complex32, and torch.complex of float16 parts (complex32)
-        "TestBinaryUfuncs.*_complex32": (_COMPLEX32, True),
-        "TestBinaryUfuncs.*_conversions_complex_float16": (_COMPLEX32, True),
-    },
     "test_tensor_creation_ops.py": {
         "TestTensorCreation.test_float_to_int_conversion_finite_*": (
             "casts float32's largest and smallest values to integers, which C++ leaves "
@@ -72,9 +56,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "eager mode at the op), as it reports every data-dependent error; CUDA's kernel "
             "reads std.min() back to the host (a synchronization per call) to raise at the "
             "op. The error is raised, not lost (tests/lowering checks it)", True),
-        "TestTensorCreation.test_tensor_ctor_device_inference": (
-            "builds sparse COO tensors on the device: XLA arrays are dense and pjrt has no "
-            "sparse layout", True),
     },
     "test_reductions.py": {
         "TestReductions.test_quantile_float*": (
@@ -93,11 +74,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "(tests/lowering/test_sorting.py checks it)", True)
            for dtype in ("bfloat16", "float16", "float32", "float64", "complex64",
                          "complex128", "int8", "int16", "int32", "int64", "uint8")},
-        "TestTorchDeviceType.test_grad_scaling_unscale_sparse_*": (
-            "sparse COO gradients: XLA arrays are dense and pjrt has no sparse layout", True),
-        "TestTorchDeviceType.test_memory_format_empty_like": (
-            "ends with x.to_sparse() of a device tensor: XLA arrays are dense and pjrt has no "
-            "sparse layout (the empty_like layout checks before it pass)", True),
         "TestTorchDeviceType.test_grad_scaler_deprecated_warning": (
             "builds torch.cpu.amp.GradScaler for every device but CUDA and expects its "
             "deprecation message to name the device's type (torch.pjrt.amp.GradScaler); the "
@@ -138,10 +114,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "pjrt interpolates uint8 as the CPU does, bit for bit (test_uint8_images_bit_exact in "
             "tests/lowering/test_upsample.py) instead of raising \"not implemented for\"",
             True),
-    },
-    "test_autograd.py": {
-        "TestAutogradDeviceType.test_sparse_*": (
-            "sparse COO tensors: XLA arrays are dense and pjrt has no sparse layout", True),
     },
     "test_ops.py": {
         "TestCommon.*_chalf_*": (_COMPLEX32, True),
