@@ -23,8 +23,8 @@ import torch
 from torch_pjrt.eager.refusals import ANY, REFUSAL, SHARED_CHECK, base_name
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-          torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-          torch.complex128]
+          torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32,
+          torch.complex64, torch.complex128]
 
 def refused_dtypes(opinfo) -> list[torch.dtype]:
     """The dtypes of DTYPES that neither the op's CPU nor its CUDA kernels take."""

@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-_COMPLEX32 = ("makes complex32 (complex half) tensors, or expects them from complex and "
-              "float16 operands: XLA has no complex32 type, so pjrt refuses the dtype with "
-              "its dtype error")
-
 KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
     "test_shape_ops.py": {
         "TestShapeOps.test_flip_float32": (
@@ -114,9 +110,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "pjrt interpolates uint8 as the CPU does, bit for bit (test_uint8_images_bit_exact in "
             "tests/lowering/test_upsample.py) instead of raising \"not implemented for\"",
             True),
-    },
-    "test_ops.py": {
-        "TestCommon.*_chalf_*": (_COMPLEX32, True),
     },
     "test_indexing.py": {
         "NumpyTests.test_trivial_fancy_out_of_bounds": (

@@ -127,3 +127,19 @@ def test_under_torch_compile():
         warnings.simplefilter("error")  # not a graph that fell back to eager
         got = torch.compile(f, backend="pjrt", fullgraph=True)(x.to("pjrt"), y.to("pjrt"))
     _same(got, f(x, y))
+
+
+def test_what_cuda_computes_and_the_cpu_refuses_is_computed():
+    """sum, exp, sin... of complex32: the CPU's kernels refuse them and CUDA's compute them
+    (eager/refusals.py: CUDA_TAKES), so pjrt computes them, in complex64 rounded to
+    complex32 parts; what both refuse (mean) raises the CPU's error."""
+    x = _values()[:5]  # (no overflow to infinity)
+    wide = x.to(torch.complex64)
+    d = x.to("pjrt")
+    for name in ("sum", "exp", "sin", "sqrt"):
+        got, want = getattr(d, name)().cpu(), getattr(wide, name)().to(C32)
+        assert got.dtype == C32  # (XLA's sin(-0 + 0.5j) has a +0 real part: compared as values)
+        torch.testing.assert_close(torch.view_as_real(got), torch.view_as_real(want), rtol=0,
+                                   atol=0)
+    with pytest.raises(NotImplementedError, match="not implemented for 'ComplexHalf'"):
+        d.mean()
