@@ -13,8 +13,6 @@ error inputs pjrt does not reject with the CPU's exception type; a name is
 
 _BATCH_NORM_EVAL = ("eval mode: save_mean/invstd of shape [C] as the meta kernel (and CUDA) "
                     "give them; the CPU's are [0]. Not read by the eval backward")
-_SPARSE = ("sparse compressed layouts (CSR, CSC, BSR, BSC) are not supported on pjrt; "
-           "sparse COO is, its kernels on the CPU (eager/sparse.py)")
 _PARTIAL_VIEW = ("not an error: as on CUDA, .to() copies a partial view into a storage of "
                  "its own, so as_strided over it reads other elements than over the CPU's")
 
@@ -26,8 +24,6 @@ FORWARD: dict[str, str] = {
     "nn.functional.multi_head_attention_forward":
         "sample 126 of 200 (inputs ~9, logits ~100): baddbmm's float32 rounding (5e-4, "
         "every op matches alone) amplified by softmax to 0.028 > atol 0.005",
-    "sparse.mm.reduce": _SPARSE,
-    "sparse.sampled_addmm": _SPARSE,
 }
 
 BACKWARD: dict[str, str] = {
@@ -35,8 +31,6 @@ BACKWARD: dict[str, str] = {
     "linalg.householder_product": "backward less precise than the CPU (abs. error ~5e-3)",
     "logcumsumexp": "backward less precise than the CPU (abs. error ~5e-3)",
     "matrix_exp": "less precise than the CPU (abs. error ~5e-3)",
-    "sparse.mm.reduce": _SPARSE,
-    "sparse.sampled_addmm": _SPARSE,
 }
 
 KNOWN_FAILURES: dict[str, dict[str, str]] = {"forward": FORWARD, "backward": BACKWARD}

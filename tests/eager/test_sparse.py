@@ -1,5 +1,6 @@
-"""Sparse COO tensors on pjrt (eager/sparse.py): real sparse pjrt tensors whose kernels run
-on the CPU; values, layouts, devices and gradients as on the CPU, in every eager mode."""
+"""Sparse tensors on pjrt (eager/sparse.py), COO and the compressed layouts: real sparse pjrt
+tensors whose kernels run on the CPU; values, layouts, devices and gradients as on the CPU,
+in every eager mode."""
 
 import warnings
 
@@ -107,3 +108,46 @@ def test_counted_as_cpu_fallbacks():
         warnings.simplefilter("ignore")
         (_sparse("pjrt") * 2).to_dense()
     assert torch_pjrt.metrics()["cpu_fallbacks"].get("aten.mul.Tensor", 0) >= 1
+
+
+DENSE = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr"])
+def test_compressed_layouts(layout):
+    def to(t):
+        return t.to_sparse_bsr((1, 1)) if layout == "bsr" else getattr(t, f"to_sparse_{layout}")()
+
+    s, c = to(DENSE.to("pjrt")), to(DENSE)
+    assert s.layout == c.layout and s.device.type == "pjrt" and s.values().device == s.device
+    _same(s, c)
+    _same(s * 2, c * 2)
+    _same(to(DENSE).to("pjrt"), c)
+    assert s.cpu().layout == c.layout
+
+
+def test_csr_in_place_and_products():
+    s, c = DENSE.to("pjrt").to_sparse_csr(), DENSE.to_sparse_csr()
+    m = torch.randn(3, 4)
+    _same(s @ m.to("pjrt"), c @ m)
+    s.mul_(3)
+    c.mul_(3)
+    _same(s, c)
+    s.zero_()  # fewer specified elements than before: the pjrt tensor takes the new ones
+    c.zero_()
+    assert s._nnz() == c._nnz() and s.crow_indices().device == s.device
+    _same(s, c)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax"])
+def test_sparse_mm_reduce_backward(reduce):
+    # amax's CPU kernel keeps the argmax for the backward only for an input that requires
+    # grad: the CPU fallback passes that flag on (without it the backward crashed)
+    a = DENSE.to_sparse_csr().requires_grad_()
+    b = torch.randn(3, 4, requires_grad=True)
+    da = DENSE.to("pjrt").to_sparse_csr().requires_grad_()
+    db = b.detach().to("pjrt").requires_grad_()
+    torch.sparse.mm(a, b, reduce).sum().backward()
+    torch.sparse.mm(da, db, reduce).sum().backward()
+    torch.testing.assert_close(db.grad.cpu(), b.grad)
+    torch.testing.assert_close(da.grad.to_dense().cpu(), a.grad.to_dense())

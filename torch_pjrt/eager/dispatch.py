@@ -324,10 +324,10 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     for namespace, ops in by_namespace.items():
         executor._native.register_op_kernels(namespace, ops)
     fallback_lib.fallback(_taking_turns(fallback.run))
-    _sparse_libs[:] = [sparse.install(_taking_turns(fallback.cpu_fallback))]
-    fallback_lib.fallback(_taking_turns(lambda op, *args, **kwargs:
-                                        fallback.cpu_fallback(op, args, kwargs)),
-                          "SparsePrivateUse1")
+    _sparse_libs[:] = sparse.install(_taking_turns(fallback.cpu_fallback))
+    for key in sparse.DEVICE_GENERIC:
+        fallback_lib.fallback(_taking_turns(lambda op, *args, **kwargs:
+                                            fallback.cpu_fallback(op, args, kwargs)), key)
 
 
 _sparse_libs: list = []  # keeps the SparsePrivateUse1 kernels registered

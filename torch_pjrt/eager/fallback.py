@@ -176,22 +176,13 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
         nonlocal device
         if isinstance(x, torch.Tensor) and x.device.type == pjrt:
             device = device or x.device
-            if x.layout != torch.strided:  # sparse (eager/sparse.py): no storage
-                return x.cpu()
-            ptr = torch._C._storage_address(x)
-            if ptr not in shared:
-                return x.cpu()
-            # Arguments sharing a storage share it on the CPU too, so that the CPU kernel
-            # sees (and refuses, as PyTorch does) an out= argument overlapping an input.
-            if id(x) not in same:
-                host = hosts.get((ptr, x.dtype))
-                if host is None:
-                    s = x.untyped_storage()
-                    whole = torch.empty(0, dtype=x.dtype, device=x.device)
-                    host = hosts[(ptr, x.dtype)] = whole.set_(
-                        s, 0, (s.nbytes() // x.element_size(),)).cpu()
-                same[id(x)] = host.as_strided(x.shape, x.stride(), x.storage_offset())
-            return same[id(x)]
+            host = host_copy(x)
+            # as the tensor says: a few CPU kernels read it (sparse mm's amax/amin keep
+            # the argmax for the backward only then; without it the backward reads an
+            # empty one and crashes). Below autograd, the CPU call records nothing.
+            if x.requires_grad and not host.requires_grad:
+                host.requires_grad_()
+            return host
         if isinstance(x, torch.device) and x.type == pjrt:
             device = device or x
             return torch.device("cpu")
@@ -200,6 +191,24 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
         if isinstance(x, (list, tuple)):
             return type(x)(to_cpu(v) for v in x)
         return x
+
+    def host_copy(x):
+        if x.layout != torch.strided:  # sparse (eager/sparse.py): no storage
+            return x.cpu()
+        ptr = torch._C._storage_address(x)
+        if ptr not in shared:
+            return x.cpu()
+        # Arguments sharing a storage share it on the CPU too, so that the CPU kernel
+        # sees (and refuses, as PyTorch does) an out= argument overlapping an input.
+        if id(x) not in same:
+            host = hosts.get((ptr, x.dtype))
+            if host is None:
+                s = x.untyped_storage()
+                whole = torch.empty(0, dtype=x.dtype, device=x.device)
+                host = hosts[(ptr, x.dtype)] = whole.set_(
+                    s, 0, (s.nbytes() // x.element_size(),)).cpu()
+            same[id(x)] = host.as_strided(x.shape, x.stride(), x.storage_offset())
+        return same[id(x)]
 
     cpu_args = [to_cpu(a) for a in args]
     cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
@@ -216,8 +225,13 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
         pairs = zip(orig, copy) if isinstance(orig, (list, tuple)) else [(orig, copy)]
         for o, c in pairs:
             if isinstance(o, torch.Tensor) and o.device.type == pjrt:
-                if o.layout == torch.sparse_coo:  # (copy_ itself runs here for sparse)
+                if o.layout == torch.sparse_coo:  # (copy_ itself runs here for sparse COO)
                     torch.ops.aten.copy_sparse_to_sparse_(o, c)
+                    continue
+                if o.layout != torch.strided:  # compressed: indices and values copied
+                    if o._nnz() != c._nnz():
+                        torch.ops.aten.resize_as_sparse_(o, c)
+                    o.copy_(c)
                     continue
                 if o.shape != c.shape:
                     o.resize_(c.shape)
