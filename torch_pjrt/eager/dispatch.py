@@ -324,13 +324,14 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     for namespace, ops in by_namespace.items():
         executor._native.register_op_kernels(namespace, ops)
     fallback_lib.fallback(_taking_turns(fallback.run))
-    _sparse_libs[:] = sparse.install(_taking_turns(fallback.cpu_fallback))
+    # Sparse tensors (eager/sparse.py): their ops on the CPU, some kernels as they are
+    on_cpu = _taking_turns(fallback.cpu_fallback)
+    _sparse_libs[:] = sparse.install(on_cpu)
     for key in sparse.DEVICE_GENERIC:
-        fallback_lib.fallback(_taking_turns(lambda op, *args, **kwargs:
-                                            fallback.cpu_fallback(op, args, kwargs)), key)
+        fallback_lib.fallback(lambda op, *args, **kwargs: on_cpu(op, args, kwargs), key)
 
 
-_sparse_libs: list = []  # keeps the SparsePrivateUse1 kernels registered
+_sparse_libs: list = []  # keeps the sparse keys' kernels registered
 
 
 def _taking_turns(kernel):
