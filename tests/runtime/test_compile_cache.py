@@ -189,6 +189,36 @@ def test_a_process_lets_go_of_its_oldest_programs_past_the_limit(monkeypatch, mo
     assert metrics().get("programs_let_go", 0) > before
 
 
+def test_a_process_near_its_memory_mapping_limit_lets_go_of_programs(monkeypatch):
+    """Programs of many kernels map more than the count limit assumes (a PyTorch test-file
+    worker died in LLVM, "Cannot allocate memory", under it): the process's mappings are
+    counted every few programs, and past half of vm.max_map_count the oldest go too."""
+    import torch
+
+    import torch_pjrt
+    from torch_pjrt import metrics
+    from torch_pjrt.runtime import compile_cache
+
+    monkeypatch.setattr(compile_cache, "max_live", lambda: 1 << 30)
+    monkeypatch.setattr(compile_cache, "max_map_count", lambda: 65530)
+    monkeypatch.setattr(compile_cache, "map_count", lambda: 40000)
+    monkeypatch.setattr(compile_cache, "_MAP_CHECK_EVERY", 2)
+    before = metrics().get("programs_let_go", 0)
+    with torch_pjrt.set_eager_mode("strict"):
+        x = torch.arange(6.0, device="pjrt")
+        for k in range(8):  # a program per size
+            assert (x[: k % 6 + 1] * (k + 3)).sum().item() == float(
+                (torch.arange(k % 6 + 1.0) * (k + 3)).sum())
+    assert metrics().get("programs_let_go", 0) > before
+
+
+def test_the_mapping_count_is_read_from_proc():
+    from torch_pjrt.runtime import compile_cache
+
+    count = compile_cache.map_count()
+    assert count is None or count > 100  # a Python process with torch maps hundreds
+
+
 def test_jaxs_staging_caches_are_let_go_and_programs_keep_running(monkeypatch):
     """JAX keeps ~1.5 MB of staging per compiled program (jaxpr, module, call caches) while
     the jitted function lives: compile_cache clears them every _CLEAR_EVERY programs. The

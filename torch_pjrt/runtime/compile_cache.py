@@ -386,24 +386,57 @@ def _staged() -> None:
 # in the middle of a load or a compile. A long process reaches that (a test-suite worker
 # died at 61,500 mappings, about 6,800 programs), so the oldest programs are let go past a limit
 # derived from it; the disk cache brings them back in milliseconds when they are used.
+# Programs of many kernels map more (a worker of PyTorch's test_indexing.py held 53,000
+# mappings under that limit, and test_view_ops.py's died in LLVM with "Cannot allocate
+# memory"), so every _MAP_CHECK_EVERY programs the process's mappings are counted too, and
+# past half the limit the oldest programs go as well.
 _live: dict[int, Callable[[], None]] = {}  # in the order the programs were taken
 _MAPS_PER_PROGRAM = 10
+_MAP_CHECK_EVERY = 64
+_held_since_map_check = 0
+
+
+@functools.cache
+def max_map_count() -> int | None:
+    """The kernel's limit on a process's memory mappings (None where there is none)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 @functools.cache
 def max_live() -> int:
     """How many programs a process holds at most (a quarter of them go past it)."""
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            limit = int(f.read())
-    except (OSError, ValueError):
+    limit = max_map_count()
+    if limit is None:
         return 1 << 30  # no such limit here
     return max(256, limit // 2 // _MAPS_PER_PROGRAM)
 
 
+def map_count() -> int | None:
+    """How many memory mappings the process has now (tens of milliseconds at 50,000)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return None
+
+
+def _too_many_maps() -> bool:
+    global _held_since_map_check
+    _held_since_map_check += 1
+    if _held_since_map_check < _MAP_CHECK_EVERY:
+        return False
+    _held_since_map_check = 0
+    limit, count = max_map_count(), map_count()
+    return limit is not None and count is not None and count > limit // 2
+
+
 def _hold(drop: Callable[[], None]) -> None:
     _live[id(drop)] = drop
-    if len(_live) <= max_live():
+    if len(_live) <= max_live() and not _too_many_maps():
         return
     from . import sync
 
