@@ -6,7 +6,6 @@ from bisect import bisect_left
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from ..runtime import client
 
@@ -44,7 +43,10 @@ def range_of(v) -> int:
 
 def device_scalar(v, device: int):
     """A run-time Python number as a (weakly typed) device array, cached: passing the
-    number itself makes every launch convert and copy it to the device."""
+    number itself makes every launch convert and copy it to the device. `device_put` of
+    the number gives the array `jnp.asarray` would (dtype, weak type, value) without
+    jnp's conversion program: that one cost a process an MLIR context and two compiles
+    (0.15 s) at its first run-time number, a warm process's first call included."""
     if type(v) not in _PY_SCALARS:
         return v
     key = (type(v), v, device) if v == v and v != 0 else (type(v), repr(v), device)
@@ -52,5 +54,5 @@ def device_scalar(v, device: int):
     if arr is None:
         if len(_scalars) >= 4096:
             _scalars.clear()
-        arr = _scalars[key] = jax.device_put(jnp.asarray(v), client.device(device))
+        arr = _scalars[key] = jax.device_put(v, client.device(device))
     return arr
