@@ -329,12 +329,16 @@ def profiled():
             return "the broadcast starts before the all_reduce called before it ends"
         # the all_reduce's bar starts once the program computing its input has ended
         start = collectives[0].time_range.start
-        ends = [e.time_range.end for e in events if e not in collectives
-                and e.time_range.start < start and "device to host" not in e.name
-                and "host to device" not in e.name]
-        if ends and start < max(ends) - 1:
+        before = [e for e in events if e not in collectives
+                  and e.time_range.start < start and "device to host" not in e.name
+                  and "host to device" not in e.name]
+        last = max(before, key=lambda e: e.time_range.end, default=None)
+        if last is not None and start < last.time_range.end - 1:
             return (f"the all_reduce starts at {start:.0f} us, before the program that "
-                    f"computes its input ends ({max(ends):.0f} us)")
+                    f"computes its input ends ({last.time_range.end:.0f} us): "
+                    f"{last.name!r} from {last.time_range.start:.0f} us; all: "
+                    + "; ".join(f"{e.name[:50]!r} {e.time_range.start:.0f}-"
+                                f"{e.time_range.end:.0f}" for e in events))
         return None
     return check
 

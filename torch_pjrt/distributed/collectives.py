@@ -76,13 +76,14 @@ class Group:
         # finished, in the order of the calls, and the host never waits for it.
         executable, count = program
         launched = device_trace.now() if device_trace.active else 0
+        after = device_trace.producers(arrays, self.index) if launched else None
         *outs, (_done,) = executable.execute_sharded([*arrays, _done]) \
             .disassemble_into_single_device_arrays()
         if launched:
             device_trace.run(f"pjrt collective: {self.label or key[0][0]}", self.index,
                              launched, [_done], {"ranks": self.n, "bytes": sum(
                                  a.size * a.dtype.itemsize for a in arrays)},
-                             kind=device_trace.COLLECTIVE, inputs=arrays)
+                             kind=device_trace.COLLECTIVE, after=after)
         if len(outs) + 1 != count:  # jax.jit forwards some outputs itself, above this call
             raise RuntimeError(f"pjrt: collective program {key[0]!r} returned {len(outs) + 1} "
                                f"buffers, not its {count} outputs")

@@ -147,21 +147,46 @@ def _sites_text(ops: list) -> str:
     return ", ".join(shown)
 
 
+def producers(inputs, device: int) -> list[_Run]:
+    """The runs still computing `inputs`, asked as a program that reads them launches
+    (collectives, which run next to the programs, start once these end). Asked later, a
+    waiter may have taken a producer's end meanwhile, late, after the launch."""
+    if not active:
+        return []
+    with _lock:
+        after = [_outputs[id(a)] for a in inputs if id(a) in _outputs]
+        if any(id(a) not in _outputs and not _ready(a) for a in inputs):
+            # an input still being computed by a run known by another array (a reshape
+            # of its output, ...): the device runs its programs in launch order, so the
+            # last one launched and still running ends no earlier than that producer
+            pending = [p for p in _runs if p.kind == PROGRAM and p.device == device
+                       and not p.end]
+            after += pending[-1:]
+    return after
+
+
 def run(name: str, device: int, launched: int, arrays, meta: dict,
-        kind: int = PROGRAM, inputs=()) -> None:
+        kind: int = PROGRAM, after: list[_Run] | None = None) -> None:
     """A program (or a transfer) launched at `launched` on `device`, producing `arrays`:
-    it ends when they are ready. It starts no earlier than the runs that produce its
-    `inputs` end (given for collectives, which run next to the programs)."""
+    it ends when they are ready. It starts no earlier than the runs `after` end (the
+    producers() of a collective's inputs)."""
     if not active:
         return
     arrays = [a for a in arrays if hasattr(a, "block_until_ready")]
     r = _Run(kind, name, device, launched, arrays, _link(), meta)
     with _lock:
-        r.after = [_outputs[id(a)] for a in inputs if id(a) in _outputs]
+        r.after = list(after or ())
         _runs.append(r)
         for a in r.arrays:
             _outputs[id(a)] = r
     _queues[COLLECTIVE if kind == COLLECTIVE else PROGRAM].put(r)
+
+
+def _ready(a) -> bool:
+    try:
+        return a.is_ready()
+    except Exception:  # noqa: BLE001 - deleted (donated) or failed: nothing to wait for
+        return True
 
 
 def done(name: str, device: int, start: int, meta: dict, kind: int = TRANSFER) -> None:
