@@ -159,9 +159,10 @@ def producers(inputs, device: int) -> list[_Run]:
             # an input still being computed by a run known by another array (a reshape
             # of its output, ...): the device runs its programs in launch order, so the
             # last one launched and still running ends no earlier than that producer
-            pending = [p for p in _runs if p.kind == PROGRAM and p.device == device
-                       and not p.end]
-            after += pending[-1:]
+            last = next((p for p in reversed(_runs) if p.kind == PROGRAM
+                         and p.device == device and not p.end), None)
+            if last is not None:
+                after.append(last)
     return after
 
 
