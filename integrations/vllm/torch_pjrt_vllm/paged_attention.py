@@ -131,16 +131,20 @@ def _ragged_paged_attention_jax(query, kv_cache, block_table, query_start_loc, s
     # pairs then two strided slices cost XLA:CPU two transposing copies more (25-35% of
     # a decode step's attention at 128-512 positions, the same values)
     pages_of = block_table[request]  # [NB, P]
-    k = kv_cache[pages_of, :, 0].reshape(count, pages * block_size, kv_heads, head_size)
-    v = kv_cache[pages_of, :, 1].reshape(count, pages * block_size, kv_heads, head_size)
-    k = k.astype(jnp.float32)
-    v = v.astype(jnp.float32)
-    scores = jnp.einsum("rqkgd,rlkd->rkgql", q, k) * scale
+    k = jnp.take(kv_cache[:, :, 0], pages_of, axis=0, mode="fill")
+    v = jnp.take(kv_cache[:, :, 1], pages_of, axis=0, mode="fill")
+    k = k.reshape(count, pages * block_size, kv_heads, head_size).astype(jnp.float32)
+    v = v.reshape(count, pages * block_size, kv_heads, head_size).astype(jnp.float32)
+    # keys as the left operand in their gathered layout [L, D]: the query is the operand
+    # transposed, which is small
+    scores = jax.lax.dot_general(k, q, (((3,), (4,)), ((0, 2), (0, 2)))) * scale
+    # [NB, kvh, L, Q, g]
     key_pos = jnp.arange(pages * block_size)
-    mask = (key_pos[None, None, :] <= pos[:, :, None]) & valid[:, :, None]  # [NB, Q, L]
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("rkgql,rlkd->rqkgd", probs, v).reshape(count, rows, heads, head_size)
+    mask = (key_pos[None, :, None] <= pos[:, None, :]) & valid[:, None, :]  # [NB, L, Q]
+    scores = jnp.where(mask[:, None, :, :, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=2)
+    out = jax.lax.dot_general(probs, v, (((2,), (1,)), ((0, 1), (0, 2))))  # [NB, kvh, Q, g, D]
+    out = out.transpose(0, 2, 1, 3, 4).reshape(count, rows, heads, head_size)
     target = jnp.where(valid, row, tokens)  # rows no request owns are dropped
     result = jnp.zeros((tokens, heads, head_size), jnp.float32)
     return result.at[target].set(out, mode="drop").astype(query.dtype)
