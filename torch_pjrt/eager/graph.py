@@ -204,17 +204,31 @@ def forget() -> None:
     schedule.programs.clear()
 
 
-def flush(reason: str = "sync") -> None:
+def flush(reason: str = "sync", keep: list | None = None) -> None:
     """Compile (or reuse) and run the pending graph; pending storages get their buffers.
-    Under the op lock, as every op is: the graph is the process's, threads take turns."""
+    Under the op lock, as every op is: the graph is the process's, threads take turns.
+    `keep`: a list that gets the Ran of the graph (eager/replay.py runs it again)."""
     _native.lock_ops()
     try:
-        _flush(reason)
+        _flush(reason, keep)
     finally:
         _native.unlock_ops()
 
 
-def _flush(reason: str) -> None:
+class Ran:
+    """A flushed graph as it ran: its schedule, the buffers it read (`inputs`), its
+    run-time values, its nodes, which storage took each output (`targets`: record, index
+    into the outputs) and the storages whose old buffers it overwrote (`superseded`)."""
+
+    __slots__ = ("key", "plan", "inputs", "dyn", "device", "nodes", "targets", "superseded")
+
+    def __init__(self, key, plan, inputs, dyn, device, nodes, targets, superseded):
+        self.key, self.plan, self.inputs, self.dyn = key, plan, inputs, dyn
+        self.device, self.nodes, self.targets, self.superseded = device, nodes, targets, \
+            superseded
+
+
+def _flush(reason: str, keep: list | None = None) -> None:
     global pending, _device, _pressure, due
     _pressure = due = False
     if not _nodes:
@@ -234,7 +248,7 @@ def _flush(reason: str) -> None:
     tiers.epoch += 1
     began = device_trace.now() if watch.profiling else 0
     try:
-        _run_graph(nodes, records, superseded, device)
+        _run_graph(nodes, records, superseded, device, keep)
     except Exception as e:
         for rec in records:  # a later read raises this error instead of finding a stale Lazy
             if type(rec.value) is Lazy:
@@ -248,8 +262,10 @@ def _flush(reason: str) -> None:
                 watch.node_sites.pop(id(node), None)
 
 
-def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) -> None:
-    """flush(), once the pending state is taken: prune, key, compile or reuse, run."""
+def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int,
+               keep: list | None = None) -> None:
+    """flush(), once the pending state is taken: prune, key, compile or reuse, run (a Ran
+    of it appended to `keep`, where given: then never as a lone op's program)."""
     # Keep only the ops whose results are still needed (or that check data).
     live = [False] * len(nodes)
     for rec in records:
@@ -264,7 +280,7 @@ def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) 
     kept = [n for n in nodes if live[n.position]]
     counters.count("graph_ops", len(kept))
     counters.count("graph_ops_pruned", len(nodes) - len(kept))
-    if len(kept) == 1 and _run_alone(kept[0], records, superseded):
+    if len(kept) == 1 and keep is None and _run_alone(kept[0], records, superseded):
         return
     renumber = {n.position: i for i, n in enumerate(kept)}
 
@@ -323,16 +339,25 @@ def _run_graph(nodes: list[Node], records: list, superseded: dict, device: int) 
                                            key[-1], key, kept, varying)
     else:
         counters.count("graph_cache_hits")
+    targets = [(rec, out_index[(renumber[rec.value.node.position], rec.value.index)])
+               for rec in records]
     compile_pool.poll()  # fused programs compiled in the background since the last flush
+    values = run_plan(plan, inputs, dyn, device, kept)
+    for rec, index in targets:
+        rec.value = values[index]
+    if keep is not None:
+        keep.append(Ran(key, plan, inputs, dyn, device, kept, targets, superseded))
+
+
+def run_plan(plan: schedule.Schedule, inputs: list, dyn: list, device: int,
+             nodes: list[Node]) -> list:
+    """A graph's output values: its schedule run on `inputs` (an error names its ops)."""
     try:
-        values = plan.run(inputs, dyn, device, kept)
+        return plan.run(inputs, dyn, device, nodes)
     except Exception as e:  # noqa: BLE001
-        names = ", ".join(dict.fromkeys(n.entry.name for n in kept))
-        raise RuntimeError(f"pjrt: a fused graph of {len(kept)} ops failed on the device "
+        names = ", ".join(dict.fromkeys(n.entry.name for n in nodes))
+        raise RuntimeError(f"pjrt: a fused graph of {len(nodes)} ops failed on the device "
                            f"(ops: {names}): {e}") from e
-    for rec in records:
-        lz = rec.value
-        rec.value = values[out_index[(renumber[lz.node.position], lz.index)]]
 
 
 def _run_alone(node: Node, records: list, superseded: dict) -> bool:

@@ -41,10 +41,13 @@ def run(model: str, smoke: bool, tp: int = 1) -> dict:
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     prompts = tiny_models.PROMPTS
     out["single"] = [_tokens(llm.generate([p], greedy, use_tqdm=False))[0] for p in prompts]
-    flushes = _counter("flushes")
+    flushes, replays = _counter("flushes"), _counter("graph_replays")
     out["batched"] = _tokens(llm.generate(prompts, greedy, use_tqdm=False))
-    # programs run by the batched generate: one prefill step and MAX_TOKENS - 1 decode steps
+    # programs run by the batched generate, one prefill step and MAX_TOKENS - 1 decode
+    # steps: each step's model forward recorded (a flush) or replayed, then its logits
     out["batched_flushes"] = (_counter("flushes") - flushes) if flushes is not None else None
+    out["batched_replays"] = (_counter("graph_replays") - replays) if replays is not None \
+        else None
     # steps cut into pieces at their repeating layers (a program per layer): none wanted
     out["graph_loops"] = _counter("graph_loops")
     if not smoke:
@@ -79,7 +82,7 @@ def run(model: str, smoke: bool, tp: int = 1) -> dict:
         out["max_tokens_3"] = _tokens(short)[0]
     out["compiles_after_warmup"] = _compiles() - compiles if compiles is not None else None
     if tp > 1:  # the model ran in the workers: this process's counters say nothing
-        out["compiles_after_warmup"] = out["batched_flushes"] = None
+        out["compiles_after_warmup"] = out["batched_flushes"] = out["batched_replays"] = None
     return out
 
 

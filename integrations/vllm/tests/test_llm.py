@@ -66,9 +66,14 @@ def test_greedy_equals_hf_single_and_batched(results):
     assert pjrt["batched"] == pjrt["hf_single"], name
 
 
-def test_no_compiles_after_warmup_and_one_program_a_step(results):
-    assert results[1]["compiles_after_warmup"] == 0
-    assert results[1]["batched_flushes"] == 16  # a prefill step and 15 decode steps
+def test_no_compiles_after_warmup_and_replayed_steps(results):
+    out = results[1]
+    assert out["compiles_after_warmup"] == 0
+    # a prefill step and 15 decode steps: each a forward (recorded, a flush; or replayed)
+    # and its logits (a flush); the decode steps' forward is replayed (the single requests
+    # before recorded it twice)
+    assert out["batched_flushes"] + out["batched_replays"] == 32
+    assert out["batched_replays"] >= 15
     assert results[1]["graph_loops"] == 0  # each step one program, its layers not cut apart
 
 

@@ -79,6 +79,9 @@ class PjrtAttentionMetadata:
         """The device copies of `host`, in its order."""
         self.slot_mapping, self.block_table, self.query_start_loc, self.seq_lens = tensors
 
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.slot_mapping, self.block_table, self.query_start_loc, self.seq_lens
+
     def on_device(self) -> PjrtAttentionMetadata:
         if self.slot_mapping is None:  # not sent with the step's inputs: alone
             self.set_device(to_device(self.host))

@@ -3,6 +3,7 @@ on the host; the model, its KV cache and its logits on the device, one program p
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -13,11 +14,16 @@ from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 
+from torch_pjrt.eager import replay
+
 from .attention import PjrtAttentionBackend, PjrtAttentionMetadata
 from .buckets import request_bucket, token_bucket
 from .transfer import DEVICE, to_device
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures its handlers
+
+# TORCH_PJRT_VLLM_REPLAY=0: every step records its ops (fused eager) instead of replaying
+_REPLAY = os.environ.get("TORCH_PJRT_VLLM_REPLAY", "1") != "0"
 
 
 class DeviceRows:
@@ -99,12 +105,55 @@ class PjrtModelRunner(CPUModelRunner):
         model.compute_logits = logits_on_host
         model.register_forward_pre_hook(self._inputs_to_device, with_kwargs=True)
         model.register_forward_hook(self._rows_of_output)
+        forward = model.forward
+
+        def converted_forward(**kwargs):
+            for name, dtype in self._converted.items():  # in the step's graph
+                kwargs[name] = kwargs[name].to(dtype)
+            return forward(**kwargs)
+
+        def replayed_forward(**kwargs):
+            return self._replayed(converted_forward, kwargs)
+
+        model.forward = replayed_forward
+        self._replays: dict[tuple, Any] = {}
+        self._converted: dict[str, torch.dtype] = {}
+
+    def _replayed(self, forward, kwargs: dict) -> torch.Tensor:
+        """The model's forward on the device inputs of a step (the pre-hook sent them),
+        replayed (eager/replay.py) where a step of the same sizes recorded the same graph
+        twice: vLLM's contract for CUDA graphs, a step's ops depend on its sizes only,
+        holds for pjrt's recording too; replays skip recording the model's ops (most of a
+        decode step's host time). Other steps record, as fused eager does."""
+        metadata = _step_metadata(sent=True)
+        names = [n for n in ("input_ids", "positions", "inputs_embeds")
+                 if kwargs.get(n) is not None]
+        if (not _REPLAY or not metadata or len(names) + 2 != len(kwargs) or
+                kwargs.get("intermediate_tensors") is not None):
+            return forward(**kwargs)
+        args = [kwargs[n] for n in names]
+        args += [t for m in metadata for t in m.device_tensors()]
+        key = (tuple(names), replay.signature(args), tuple(self._converted.items()),
+               tuple((m.tokens, m.max_query_len) for m in metadata))
+        found = self._replays.get(key)
+        if isinstance(found, replay.Replay):
+            return found(args)[0]
+        result, captured, why = replay.capture(lambda: forward(**kwargs), args)
+        if captured is None:
+            logger.debug("pjrt runner: steps %s are not replayed: %s", key, why)
+            self._replays[key] = False
+        elif found is None:
+            self._replays[key] = ("seen", captured)
+        elif isinstance(found, tuple):
+            self._replays[key] = captured if found[1].same_as(captured) else ("seen", captured)
+        return result
 
     def _inputs_to_device(self, module, args, kwargs):
         """The step's inputs, padded to its token bucket, and its attention metadata on
         the device in one copy (transfer.py); float inputs (embeddings) in their own."""
         if args:
             raise RuntimeError("pjrt runner: the model was called with positional arguments")
+        self._converted = {}
         ids, embeds = kwargs.get("input_ids"), kwargs.get("inputs_embeds")
         rows = (ids if ids is not None else embeds).shape[0]
         size = token_bucket(rows)
@@ -123,7 +172,9 @@ class PjrtModelRunner(CPUModelRunner):
             return args, kwargs
         sent = to_device(parts)
         for name, original, tensor in zip(names, host, sent):
-            kwargs[name] = tensor if original.dtype == torch.int32 else tensor.to(original.dtype)
+            kwargs[name] = tensor  # int32: the forward converts it (_replayed)
+            if original.dtype != torch.int32:
+                self._converted[name] = original.dtype
         at = len(names)
         for m in metadata:
             m.set_device(sent[at: at + len(m.host)])
@@ -170,8 +221,9 @@ class PjrtModelRunner(CPUModelRunner):
         return kv_caches
 
 
-def _step_metadata() -> list[PjrtAttentionMetadata]:
-    """The step's attention metadata objects, once each (layers of a group share one)."""
+def _step_metadata(sent: bool = False) -> list[PjrtAttentionMetadata]:
+    """The step's attention metadata objects, once each (layers of a group share one):
+    those not on the device yet, or (`sent`) those already there."""
     if not is_forward_context_available():
         return []
     found = get_forward_context().attn_metadata
@@ -179,6 +231,6 @@ def _step_metadata() -> list[PjrtAttentionMetadata]:
         found = {k: v for d in found for k, v in d.items()}
     unique: dict[int, PjrtAttentionMetadata] = {}
     for m in (found or {}).values():
-        if isinstance(m, PjrtAttentionMetadata) and m.slot_mapping is None:
+        if isinstance(m, PjrtAttentionMetadata) and (m.slot_mapping is None) != sent:
             unique.setdefault(id(m), m)
     return list(unique.values())
