@@ -52,3 +52,28 @@ def test_numbers_in_ops_match_the_cpu():
             got = (x.to("pjrt").add(2.5, alpha=-3).mul(7).add(True).clamp(-1e30, 1e30)).cpu()
         want = x.add(2.5, alpha=-3).mul(7).add(True).clamp(-1e30, 1e30)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_fused_program_takes_numbers_as_cached_device_arrays(monkeypatch):
+    """Passed as Python numbers, every run of a fused graph's program would copy each one
+    to the device (schedule.Piece.run converts them once, cached)."""
+    from torch_pjrt.eager import program, tiers
+
+    monkeypatch.setattr(tiers, "enabled", False)  # the program from the first run on
+    seen = []
+    call = program.Program.__call__
+
+    def recording(self, *args):
+        seen.append(args)
+        return call(self, *args)
+
+    monkeypatch.setattr(program.Program, "__call__", recording)
+    x = torch.arange(6.0)
+    with torch_pjrt.set_eager_mode("fused"):
+        for offset in (0.75, 0.75):
+            got = (x.to("pjrt").add(offset, alpha=3).mul(-2.5).sin()).cpu()
+            torch.testing.assert_close(got, x.add(offset, alpha=3).mul(-2.5).sin())
+    assert len(seen) >= 2
+    assert not any(isinstance(a, (int, float, bool, complex)) for args in seen for a in args)
+    numbers = [a for a in seen[-1] if getattr(a, "shape", None) == ()]
+    assert numbers and all(any(a is b for b in seen[-2]) for a in numbers)  # cached arrays

@@ -44,7 +44,7 @@ def run(model: str, smoke: bool, tp: int = 1) -> dict:
     flushes, replays = _counter("flushes"), _counter("graph_replays")
     out["batched"] = _tokens(llm.generate(prompts, greedy, use_tqdm=False))
     # programs run by the batched generate, one prefill step and MAX_TOKENS - 1 decode
-    # steps: each step's model forward recorded (a flush) or replayed, then its logits
+    # steps: each step (its forward and logits) recorded (a flush) or replayed
     out["batched_flushes"] = (_counter("flushes") - flushes) if flushes is not None else None
     out["batched_replays"] = (_counter("graph_replays") - replays) if replays is not None \
         else None

@@ -31,16 +31,29 @@ class DeviceRows:
     them (the rows it samples) and hands the result to `compute_logits`: the indices are
     padded to the step's request bucket, so the sizes of the step's program stay fixed.
     `sampled`: the rows vLLM samples in most steps (each request's last token), on the host
-    and on the device (sent with the step's inputs), or None."""
+    and on the device (sent with the step's inputs), or None; `sampled_logits`: theirs,
+    where the step's program computed them (a replayed step), else None; `logits`: the
+    logits of these rows, where known."""
 
-    def __init__(self, tensor: torch.Tensor, rows: int, max_num_seqs: int,
-                 sampled: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        self.tensor, self.rows, self.max_num_seqs = tensor, rows, max_num_seqs
-        self.sampled = sampled
+    def __init__(self, tensor: torch.Tensor | None, rows: int, max_num_seqs: int,
+                 sampled: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 sampled_logits: torch.Tensor | None = None,
+                 logits: torch.Tensor | None = None, source: tuple | None = None) -> None:
+        self._tensor, self.rows, self.max_num_seqs = tensor, rows, max_num_seqs
+        self.sampled, self.sampled_logits, self.logits = sampled, sampled_logits, logits
+        self._source = source  # (hidden states, device indices): the rows, gathered if read
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            hidden, index = self._source
+            self._tensor = hidden[index]
+        return self._tensor
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((self.rows, *self.tensor.shape[1:]))
+        width = (self._source[0] if self._tensor is None else self._tensor).shape[1:]
+        return torch.Size((self.rows, *width))
 
     def __len__(self) -> int:
         return self.rows
@@ -49,7 +62,8 @@ class DeviceRows:
         if isinstance(index, slice):  # a view: no operation (vLLM slices every step)
             start, stop, step = index.indices(self.rows)
             if (start, step) == (0, 1):
-                return DeviceRows(self.tensor, stop, self.max_num_seqs, self.sampled)
+                return DeviceRows(self.tensor, stop, self.max_num_seqs, self.sampled,
+                                  self.sampled_logits)
             view = self.tensor[start:stop:step]
             return DeviceRows(view, view.shape[0], self.max_num_seqs)
         index = torch.as_tensor(np.asarray(index) if not isinstance(index, torch.Tensor)
@@ -57,7 +71,8 @@ class DeviceRows:
         if self.sampled is not None:
             host, device = self.sampled
             if torch.equal(host[: index.numel()], index):
-                return DeviceRows(self.tensor[device], index.numel(), self.max_num_seqs)
+                return DeviceRows(None, index.numel(), self.max_num_seqs,
+                                  logits=self.sampled_logits, source=(self.tensor, device))
         size = request_bucket(self.tensor.shape[0], self.max_num_seqs)
         if index.numel() > size:
             size = token_bucket(index.numel())
@@ -99,7 +114,9 @@ class PjrtModelRunner(CPUModelRunner):
 
         def logits_on_host(hidden: DeviceRows | torch.Tensor) -> torch.Tensor:
             if isinstance(hidden, DeviceRows):
-                return compute_logits(hidden.tensor).cpu()[: hidden.rows]
+                logits = hidden.logits if hidden.logits is not None else \
+                    compute_logits(hidden.tensor)
+                return logits.cpu()[: hidden.rows]
             return compute_logits(hidden.to(DEVICE)).cpu()
 
         model.compute_logits = logits_on_host
@@ -113,18 +130,21 @@ class PjrtModelRunner(CPUModelRunner):
             return forward(**kwargs)
 
         def replayed_forward(**kwargs):
-            return self._replayed(converted_forward, kwargs)
+            return self._replayed(converted_forward, compute_logits, kwargs)
 
         model.forward = replayed_forward
         self._replays: dict[tuple, Any] = {}
         self._converted: dict[str, torch.dtype] = {}
+        self._step_logits: torch.Tensor | None = None
 
-    def _replayed(self, forward, kwargs: dict) -> torch.Tensor:
+    def _replayed(self, forward, compute_logits, kwargs: dict) -> torch.Tensor:
         """The model's forward on the device inputs of a step (the pre-hook sent them),
-        replayed (eager/replay.py) where a step of the same sizes recorded the same graph
-        twice: vLLM's contract for CUDA graphs, a step's ops depend on its sizes only,
-        holds for pjrt's recording too; replays skip recording the model's ops (most of a
-        decode step's host time). Other steps record, as fused eager does."""
+        with the logits of the rows vLLM samples in most steps, replayed (eager/replay.py)
+        where a step of the same sizes recorded the same graph twice: vLLM's contract for
+        CUDA graphs, a step's ops depend on its sizes only, holds for pjrt's recording too;
+        replays skip recording the model's ops (most of a decode step's host time). Other
+        steps record, as fused eager does; the logits are then recorded when read."""
+        self._step_logits = None
         metadata = _step_metadata(sent=True)
         names = [n for n in ("input_ids", "positions", "inputs_embeds")
                  if kwargs.get(n) is not None]
@@ -133,20 +153,32 @@ class PjrtModelRunner(CPUModelRunner):
             return forward(**kwargs)
         args = [kwargs[n] for n in names]
         args += [t for m in metadata for t in m.device_tensors()]
+        sampled = self._sampled[1] if self._sampled is not None else None
+        args += [sampled] if sampled is not None else []
         key = (tuple(names), replay.signature(args), tuple(self._converted.items()),
                tuple((m.tokens, m.max_query_len) for m in metadata))
         found = self._replays.get(key)
         if isinstance(found, replay.Replay):
-            return found(args)[0]
-        result, captured, why = replay.capture(lambda: forward(**kwargs), args)
-        if captured is None:
-            logger.debug("pjrt runner: steps %s are not replayed: %s", key, why)
-            self._replays[key] = False
-        elif found is None:
-            self._replays[key] = ("seen", captured)
-        elif isinstance(found, tuple):
-            self._replays[key] = captured if found[1].same_as(captured) else ("seen", captured)
-        return result
+            results = found(args)
+        else:
+            def step():
+                hidden = forward(**kwargs)
+                if sampled is None:
+                    return (hidden,)
+                return hidden, compute_logits(hidden[sampled])
+
+            results, captured, why = replay.capture(step, args)
+            if captured is None:
+                logger.debug("pjrt runner: steps %s are not replayed: %s", key, why)
+                self._replays[key] = False
+            elif found is None:
+                self._replays[key] = ("seen", captured)
+            elif isinstance(found, tuple):
+                self._replays[key] = captured if found[1].same_as(captured) else \
+                    ("seen", captured)
+        if len(results) > 1:
+            self._step_logits = results[1]
+        return results[0]
 
     def _inputs_to_device(self, module, args, kwargs):
         """The step's inputs, padded to its token bucket, and its attention metadata on
@@ -187,7 +219,8 @@ class PjrtModelRunner(CPUModelRunner):
             raise NotImplementedError("pjrt runner: models whose forward returns "
                                       f"{type(output).__name__} (auxiliary hidden states, "
                                       "pipeline stages) are not supported yet")
-        return DeviceRows(output, self._step_rows, self.max_num_reqs, self._sampled)
+        logits, self._step_logits = self._step_logits, None
+        return DeviceRows(output, self._step_rows, self.max_num_reqs, self._sampled, logits)
 
     def _dummy_sampler_run(self, hidden_states):
         # vLLM's profiling of the sampler's memory: the logits suffice on a host sampler
