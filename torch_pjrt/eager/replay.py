@@ -173,4 +173,5 @@ def capture(fn: Callable[[], Any], args: list[torch.Tensor]
             return result, None, "it keeps a new tensor alive besides its results"
     if len({t[1] for t in targets if t[0] == "result"}) != len(tensors):
         return result, None, "a result is not computed by the graph"
+    ran.inputs = ran.superseded = ran.targets = None  # the capture's buffers: not kept
     return result, Replay(ran, sources, targets, specs, described), None
