@@ -71,9 +71,9 @@ def test_no_compiles_after_warmup_and_replayed_steps(results):
     assert out["compiles_after_warmup"] == 0
     # a prefill step and 15 decode steps, each one program with its logits: recorded (a
     # flush) or replayed; the decode steps are replayed (the single requests before
-    # recorded their shapes twice)
+    # recorded their shapes twice; a replayed shape records every 64th step, a recheck)
     assert out["batched_flushes"] + out["batched_replays"] == 16
-    assert out["batched_replays"] >= 15
+    assert out["batched_replays"] >= 13
     assert results[1]["graph_loops"] == 0  # each step one program, its layers not cut apart
 
 

@@ -24,6 +24,10 @@ logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures its ha
 
 # TORCH_PJRT_VLLM_REPLAY=0: every step records its ops (fused eager) instead of replaying
 _REPLAY = os.environ.get("TORCH_PJRT_VLLM_REPLAY", "1") != "0"
+# every this many steps of a replayed shape, the step records instead and its graph is
+# compared with the replay's: a model whose ops changed is caught, and records from then on
+# (0: never)
+_RECHECK = int(os.environ.get("TORCH_PJRT_VLLM_REPLAY_CHECK", "64"))
 
 
 class DeviceRows:
@@ -134,6 +138,7 @@ class PjrtModelRunner(CPUModelRunner):
 
         model.forward = replayed_forward
         self._replays: dict[tuple, Any] = {}
+        self._replay_counts: dict[tuple, int] = {}
         self._converted: dict[str, torch.dtype] = {}
         self._step_logits: torch.Tensor | None = None
 
@@ -158,7 +163,9 @@ class PjrtModelRunner(CPUModelRunner):
         key = (tuple(names), replay.signature(args), tuple(self._converted.items()),
                tuple((m.tokens, m.max_query_len) for m in metadata))
         found = self._replays.get(key)
-        if isinstance(found, replay.Replay):
+        count = self._replay_counts[key] = self._replay_counts.get(key, 0) + 1
+        recheck = _RECHECK > 0 and count % _RECHECK == 0
+        if isinstance(found, replay.Replay) and not recheck:
             results = found(args)
         else:
             def step():
@@ -171,11 +178,16 @@ class PjrtModelRunner(CPUModelRunner):
             if captured is None:
                 logger.debug("pjrt runner: steps %s are not replayed: %s", key, why)
                 self._replays[key] = False
-            elif found is None:
+            elif not found:  # first seen, or refused before (a transient refusal)
                 self._replays[key] = ("seen", captured)
             elif isinstance(found, tuple):
                 self._replays[key] = captured if found[1].same_as(captured) else \
                     ("seen", captured)
+            elif not found.same_as(captured):  # a recheck: the step records otherwise now
+                logger.warning("pjrt runner: a step of sizes %s recorded another graph than "
+                               "its replay (its ops or Python numbers changed); recording "
+                               "such steps until two agree again", key[1])
+                self._replays[key] = ("seen", captured)
         if len(results) > 1:
             self._step_logits = results[1]
         return results[0]
