@@ -81,7 +81,7 @@ class Replay:
                 inputs.append(arg_records[src[1]].get())
             else:
                 _, handle, rec = src
-                if table._records.get(handle) is not rec:
+                if not table.holds(handle, rec):
                     raise RuntimeError("pjrt replay: a tensor the captured function read "
                                        "(a weight, a cache) was freed or replaced since the "
                                        "capture; capture the function again")
@@ -133,9 +133,10 @@ def capture(fn: Callable[[], Any], args: list[torch.Tensor]
     tensors = [result] if isinstance(result, torch.Tensor) else list(result)
     if counters.value("flushes") != flushes:
         return result, None, "the function ran a graph before its end (a value read?)"
-    holders = {id(r.value): (h, r) for h, r in table._records.items()
+    live = table.live_handles()
+    holders = {id(r.value): (h, r) for h, r in live
                if r.value is not None and not getattr(r.value, "pending", False)}
-    handles = {id(r): h for h, r in table._records.items()}
+    handles = {id(r): h for h, r in live}
     kept: list[graph.Ran] = []
     graph.flush("capture", keep=kept)
     if not kept:
@@ -173,5 +174,9 @@ def capture(fn: Callable[[], Any], args: list[torch.Tensor]
             return result, None, "it keeps a new tensor alive besides its results"
     if len({t[1] for t in targets if t[0] == "result"}) != len(tensors):
         return result, None, "a result is not computed by the graph"
-    ran.inputs = ran.superseded = ran.targets = None  # the capture's buffers: not kept
+    # the capture's buffers are not kept: a replay reads its arguments' and state's own
+    # (its nodes are kept for their names and lines of code only)
+    ran.inputs = ran.superseded = ran.targets = None
+    for node in ran.nodes:
+        node.inputs = None
     return result, Replay(ran, sources, targets, specs, described), None

@@ -234,6 +234,16 @@ def live_records() -> list[StorageRecord]:
     return list(_records.values())
 
 
+def live_handles() -> list[tuple[int, StorageRecord]]:
+    """Every live storage's handle with its record."""
+    return list(_records.items())
+
+
+def holds(handle: int, rec: StorageRecord) -> bool:
+    """Whether the storage `handle` is alive and still has the record `rec`."""
+    return _records.get(handle) is rec
+
+
 def wait_for_buffers(device: int | None, quiet: bool = False) -> None:
     """Block until every live computed buffer (on `device`, or all) is ready; `quiet`: a
     program that failed is not reported (exiting, it has nothing to wait for)."""

@@ -153,7 +153,9 @@ class PjrtModelRunner(CPUModelRunner):
         metadata = _step_metadata(sent=True)
         names = [n for n in ("input_ids", "positions", "inputs_embeds")
                  if kwargs.get(n) is not None]
-        if (not _REPLAY or not metadata or len(names) + 2 != len(kwargs) or
+        other = set(kwargs) - {"input_ids", "positions", "inputs_embeds", "intermediate_tensors"}
+        # replayed: ids or embeddings, and positions; no model kwargs, no pipeline stage
+        if (not _REPLAY or not metadata or other or len(names) != 2 or
                 kwargs.get("intermediate_tensors") is not None):
             return forward(**kwargs)
         args = [kwargs[n] for n in names]
