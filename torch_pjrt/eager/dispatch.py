@@ -137,6 +137,25 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     return transfer.device_to_host(buf, t.shape, t.dtype)
 
 
+def to_cpu_own(t: torch.Tensor) -> torch.Tensor:
+    """A dense CPU copy of a pjrt tensor that waits for `t` only: programs launched after
+    the one computing it keep running (a serving loop reads a step's tokens while the next
+    step runs), and only the device-side checks already computed are raised, the others at
+    a later synchronization. Holds the op lock: callable from another thread."""
+    executor._native.lock_ops()
+    try:
+        buf = dense_buffer(t)
+    finally:
+        executor._native.unlock_ops()
+    buf.block_until_ready()
+    executor._native.lock_ops()
+    try:
+        checks.raise_ready()
+    finally:
+        executor._native.unlock_ops()
+    return transfer.device_to_host(buf, t.shape, t.dtype)
+
+
 # The dtype of a Python number as PyTorch wraps it into a tensor (x.copy_(float("inf"))
 # reaches this kernel as the number again: runtime/native/op_kernel.cpp, wrapped_number)
 _WRAPPED_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,

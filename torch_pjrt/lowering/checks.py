@@ -187,6 +187,17 @@ def raise_pending(limit: int | None = None) -> None:
                             "TORCH_PJRT_EAGER_MODE=debug to stop at the op)")
 
 
+def raise_ready() -> None:
+    """Raise the first failure among the queued checks whose flags are computed, without
+    waiting: the checks of work still running stay queued for a later synchronization.
+    (A read of one tensor while later work runs: its program's checks are computed.)"""
+    done = [entry[0].is_ready() for entry in _pending]
+    if any(done):
+        ready = [entry for entry, d in zip(_pending, done) if d]
+        _pending[:] = ready + [entry for entry, d in zip(_pending, done) if not d]
+        raise_pending(len(ready))
+
+
 def _format(message: str, values, kinds: str) -> str:
     import numpy as np
 

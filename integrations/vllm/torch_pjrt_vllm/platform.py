@@ -116,7 +116,10 @@ class PjrtPlatform(Platform):
         if parallel_config.enable_dbo:
             parallel_config.enable_dbo = False
         scheduler_config = vllm_config.scheduler_config
-        scheduler_config.async_scheduling = False
+        if os.environ.get("TORCH_PJRT_VLLM_ASYNC", "1") == "0":
+            # else vLLM's own choice: on unless asked off or something it runs with rules
+            # it out (model_runner.py: the next step launched while the last one runs)
+            scheduler_config.async_scheduling = False
         compilation = vllm_config.compilation_config
         # a step is one XLA program already (fused eager, padded to token buckets):
         # no CUDA graphs, and no Dynamo capture on top of vLLM's own model code
