@@ -29,8 +29,9 @@ _huggingface.install(DEVICE_TYPE)
 
 
 def _start_kernels() -> None:
-    """Register the shipped kernels' operators (nn.LSTM's scan, the Pallas examples)."""
-    importlib.import_module(".kernels", __name__)
+    """Register the shipped kernels' operators (nn.LSTM's scan; the Pallas examples where
+    the platform compiles them natively: kernels/__init__.py)."""
+    importlib.import_module(".kernels", __name__).start()
 
 
 # What ensure_initialized() runs once PJRT has started, bottom layer first (the runtime
