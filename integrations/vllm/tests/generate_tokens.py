@@ -35,8 +35,10 @@ def run(model: str, smoke: bool, tp: int = 1) -> dict:
               max_num_batched_tokens=BATCHED_TOKENS, kv_cache_memory_bytes=32 << 20,
               enable_prefix_caching=True, seed=0, tensor_parallel_size=tp,
               distributed_executor_backend="mp" if tp > 1 else None)
+    config = llm.llm_engine.vllm_config
     out: dict = {"startup_s": time.perf_counter() - start,
-                 "device": str(llm.llm_engine.vllm_config.device_config.device)}
+                 "device": str(config.device_config.device),
+                 "async_scheduling": bool(config.scheduler_config.async_scheduling)}
     compiles = _compiles()
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     prompts = tiny_models.PROMPTS

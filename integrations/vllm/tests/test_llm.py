@@ -28,10 +28,10 @@ def model_root(tmp_path_factory) -> Path:
     return Path(root) if root else tmp_path_factory.mktemp("models")
 
 
-def generate(model: Path, platform: str, *flags: str) -> dict:
+def generate(model: Path, platform: str, *flags: str, env: dict | None = None) -> dict:
     """generate_tokens.py's result in a process of its own (vLLM picks one platform a
     process): "pjrt" with the plugin, "cpu" with it switched off (VLLM_PLUGINS empty)."""
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
     if platform == "cpu":
         env["VLLM_PLUGINS"] = ""
     proc = subprocess.run([sys.executable, str(HERE / "generate_tokens.py"), str(model),
@@ -62,6 +62,7 @@ def results(request, model_root) -> tuple[str, dict, dict | None]:
 def test_greedy_equals_hf_single_and_batched(results):
     name, pjrt, _ = results
     assert pjrt["device"] == "pjrt"
+    assert pjrt["async_scheduling"]  # on by default: greedy tokens stay on the device
     assert pjrt["single"] == pjrt["hf_single"], name
     assert pjrt["batched"] == pjrt["hf_single"], name
 
@@ -113,3 +114,16 @@ def test_tensor_parallel_two_processes_equal_hf(model_root):
     path = tiny_models.write_model("llama", model_root)
     tp = generate(path, "pjrt", "--smoke", "--tp", "2", "--hf")
     assert tp["batched"] == tp["hf_single"]
+
+
+@pytest.mark.skipif(not FULL, reason="TORCH_PJRT_VLLM_FULL=1")
+def test_async_scheduling_off_equals_hf(model_root):
+    """TORCH_PJRT_VLLM_ASYNC=0: the logits read every step and sampled on the host."""
+    sys.path.insert(0, str(HERE))
+    import tiny_models
+
+    path = tiny_models.write_model("llama", model_root)
+    out = generate(path, "pjrt", "--smoke", "--hf", env={"TORCH_PJRT_VLLM_ASYNC": "0"})
+    assert not out["async_scheduling"]
+    assert out["single"] == out["hf_single"] and out["batched"] == out["hf_single"]
+    assert out["compiles_after_warmup"] == 0
