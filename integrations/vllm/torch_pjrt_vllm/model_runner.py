@@ -101,9 +101,14 @@ class DeviceRows:
                           self.max_num_seqs)
 
 
+def _on_device(t: torch.Tensor) -> bool:
+    """Whether `t` is a pjrt tensor (of any index: DEVICE names none)."""
+    return t.device.type == DEVICE.type
+
+
 def _padded(values: torch.Tensor | None, size: int) -> torch.Tensor | None:
     """A host tensor padded with zeros to `size` rows (a device tensor as it is)."""
-    if values is None or values.device.type == DEVICE.type:
+    if values is None or _on_device(values):
         return values
     padded = values.new_zeros((size, *values.shape[1:]))
     padded[: values.shape[0]] = values
@@ -261,7 +266,7 @@ class PjrtModelRunner(CPUModelRunner):
         if embeds is not None:
             kwargs["inputs_embeds"] = _padded(embeds, size).to(DEVICE, non_blocking=True)
         names = [n for n in ("input_ids", "positions")
-                 if kwargs.get(n) is not None and kwargs[n].device.type != DEVICE.type]
+                 if kwargs.get(n) is not None and not _on_device(kwargs[n])]
         host = [_padded(kwargs[n], size) for n in names]
         metadata = _step_metadata()
         sampled = metadata[0].sampled_rows() if metadata else None
@@ -318,10 +323,10 @@ class PjrtModelRunner(CPUModelRunner):
         forward puts those in on the device (converted_forward), with no host sync."""
         self._prev_tokens = None
         prev = self.input_batch.prev_sampled_token_ids
-        if prev is not None and prev.device.type == DEVICE.type:
+        if prev is not None and _on_device(prev):
             if scheduler_output.scheduled_spec_decode_tokens or self.enable_prompt_embeds:
                 # not taken on the device: read the tokens (a sync) and go vLLM's way
-                self.input_batch.prev_sampled_token_ids = _to_host(prev)
+                self.input_batch.prev_sampled_token_ids = _to_host(prev, self._base_of(prev))
             else:
                 self.input_ids.copy_to_gpu(total_num_scheduled_tokens)
                 prev_positions = self.prev_positions.np[:num_reqs]
@@ -329,8 +334,8 @@ class PjrtModelRunner(CPUModelRunner):
                 common = np.nonzero(prev_positions >= 0)[0]
                 if common.size:
                     rows[cu_num_tokens[common] - 1] = prev_positions[common]
-                    full = self._sampled_full
-                    self._prev_tokens = (full[1] if full is not None and full[0] is prev
+                    full = self._base_of(prev)
+                    self._prev_tokens = (full if full is not None
                                          else self._padded_tokens(prev[:, 0]), rows)
                 return
         super()._prepare_input_ids(scheduler_output, num_reqs, total_num_scheduled_tokens,
@@ -339,28 +344,25 @@ class PjrtModelRunner(CPUModelRunner):
     def _sample(self, logits: torch.Tensor | None, spec_decode_metadata):
         """Greedy steps whose logits nothing changes: the argmax on the device (the step's
         program computed it where replayed). Other steps: vLLM's sampler on the host."""
-        if logits is None or logits.device.type != DEVICE.type:
+        if logits is None or not _on_device(logits):
             return super()._sample(logits, spec_decode_metadata)
         if spec_decode_metadata is None and _argmax_suffices(
                 self.input_batch.sampling_metadata):
             self.input_batch.update_async_output_token_ids()
             known, full, _ = self._logits_argmax or (None, None, None)
-            if known is not logits or full is None:
+            if known is not logits or full is None:  # (the step's program did not)
                 full = self._padded_tokens(logits.argmax(-1))
             tokens = full[: logits.shape[0]].unsqueeze(-1)
             self._sampled_full = (tokens, full)
             return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
-        known, _, whole = self._logits_argmax or (None, None, None)
-        return super()._sample(_to_host(logits, whole if known is logits else None),
-                               spec_decode_metadata)
+        return super()._sample(_to_host(logits, self._base_of(logits)), spec_decode_metadata)
 
     def sample_tokens(self, grammar_output):
         state = self.execute_model_state
         if grammar_output is not None and state is not None and state.logits is not None \
-                and state.logits.device.type == DEVICE.type:  # the bitmask: on the host
-            known, _, whole = self._logits_argmax or (None, None, None)
-            self.execute_model_state = state._replace(logits=_to_host(
-                state.logits, whole if known is state.logits else None))
+                and _on_device(state.logits):  # the bitmask is applied on the host
+            self.execute_model_state = state._replace(
+                logits=_to_host(state.logits, self._base_of(state.logits)))
         original = gpu_model_runner.AsyncGPUModelRunnerOutput
         gpu_model_runner.AsyncGPUModelRunnerOutput = PjrtAsyncOutput
         try:
@@ -368,11 +370,18 @@ class PjrtModelRunner(CPUModelRunner):
         finally:
             gpu_model_runner.AsyncGPUModelRunnerOutput = original
             self._logits_argmax = None
-        full = self._sampled_full
-        if isinstance(output, PjrtAsyncOutput) and full is not None and \
-                output._sampled is full[0]:
-            output._base = full[1]
+        if isinstance(output, PjrtAsyncOutput) and output._sampled is not None:
+            output._base = self._base_of(output._sampled)
         return output
+
+    def _base_of(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The padded device tensor `rows` are the first rows of, where the runner made
+        them (this step's sampled logits, the last greedy step's tokens), else None."""
+        logits = self._logits_argmax
+        if logits is not None and logits[0] is rows:
+            return logits[2]
+        tokens = self._sampled_full
+        return tokens[1] if tokens is not None and tokens[0] is rows else None
 
     def _get_or_create_async_output_copy_stream(self):
         return None  # PjrtAsyncOutput reads the tokens itself
