@@ -7,6 +7,9 @@ Runs in the vLLM environment (docs/serving.md), one process per candidate and re
 the candidates interleaved:
     .venv-vllm/bin/python bench/serving_steps.py [--repeats 3] [--concurrency 16]
 Writes bench/results/serving_steps.json and prints the table of docs/serving.md.
+`--no-phases` times nothing inside the step (the phase timers wait for each program, which
+takes away async scheduling's overlap): the engine's throughput as it runs, and the CPU
+time each generated token costs the process (all its threads).
 """
 
 from __future__ import annotations
@@ -86,9 +89,11 @@ def _wrap(owner, name: str, label: str, totals: dict, counts: dict,
     setattr(owner, name, timed)
 
 
-def measure(model: str, concurrency: int, output_len: int, platform: str) -> dict:
+def measure(model: str, concurrency: int, output_len: int, platform: str,
+            phases_timed: bool = True) -> dict:
     """Runs in the child process: the LLM, a warm-up batch, then the timed batch."""
     import importlib
+    import resource
 
     import torch
 
@@ -100,7 +105,7 @@ def measure(model: str, concurrency: int, output_len: int, platform: str) -> dic
     llm = LLM(model=model, dtype="float32", max_model_len=512, max_num_seqs=16,
               max_num_batched_tokens=256, kv_cache_memory_bytes=64 << 20, seed=0)
     programs: dict[str, list] = {}
-    for label, module, cls, method in phases:
+    for label, module, cls, method in phases if phases_timed else []:
         mod = importlib.import_module(module)
         _wrap(getattr(mod, cls) if cls else mod, method, label, totals, counts,
               programs if label.startswith("pjrt: program") else None)
@@ -111,14 +116,20 @@ def measure(model: str, concurrency: int, output_len: int, platform: str) -> dic
     counts.clear()
     programs.clear()
     counters = _pjrt_counters()
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     out = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
     after = _pjrt_counters()
     tokens = sum(len(o.outputs[0].token_ids) for o in out)
     steps = counts["engine step"]
     result = {"platform": platform, "wall_s": wall, "tokens": tokens,
               "tokens_per_s": tokens / wall, "steps": steps,
+              "cpu_us_per_token": 1e6 * cpu_s / tokens,
+              "async_scheduling": bool(
+                  llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
               "torch_threads": torch.get_num_threads(),
               "phases_ms_per_step": {k: 1e3 * v / max(1, steps) for k, v in totals.items()},
               "calls": dict(counts),
@@ -142,13 +153,14 @@ def _pjrt_counters() -> dict | None:
 
 def _child(args) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    result = measure(args.model, args.concurrency, args.output_len, args.platform)
+    result = measure(args.model, args.concurrency, args.output_len, args.platform,
+                     not args.no_phases)
     print(RESULT + json.dumps(result), flush=True)
     os._exit(0)
 
 
 def _run(model: Path, platform: str, concurrency: int, output_len: int, cache: str,
-         extra_env: dict) -> dict:
+         extra_env: dict, no_phases: bool = False) -> dict:
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_PJRT_CACHE_DIR=cache,
                **extra_env)
     if platform == "cpu":
@@ -156,7 +168,9 @@ def _run(model: Path, platform: str, concurrency: int, output_len: int, cache: s
     load = os.getloadavg()[0]
     proc = subprocess.run([sys.executable, __file__, "--child", "--platform", platform,
                            "--model", str(model), "--concurrency", str(concurrency),
-                           "--output-len", str(output_len)], env=env, capture_output=True,
+                           "--output-len", str(output_len),
+                           *(["--no-phases"] if no_phases else [])], env=env,
+                          capture_output=True,
                           text=True, timeout=1800)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(RESULT)), None)
     if line is None:
@@ -173,7 +187,10 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--candidates", default="pjrt,cpu",
                         help="pjrt, cpu, pjrt-omp2 (pjrt with OMP_NUM_THREADS=2)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serving_steps.json"))
+    parser.add_argument("--out", default=None, help="default: bench/results/"
+                        "serving_steps.json (serving_steps_throughput.json with --no-phases)")
+    parser.add_argument("--no-phases", action="store_true",
+                        help="time no phase inside a step (throughput and CPU time only)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--platform", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -192,13 +209,16 @@ def main() -> None:
         for name in (names if repeat % 2 == 0 else names[::-1]):  # interleaved, both orders
             platform, extra = envs[name]
             runs[name].append(_run(model, platform, args.concurrency, args.output_len,
-                                   cache, extra))
+                                   cache, extra, args.no_phases))
             print(f"{name} repeat {repeat}: {runs[name][-1]['tokens_per_s']:.1f} tokens/s "
                   f"(load {runs[name][-1]['load_average'][0]:.1f})", flush=True)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "concurrency": args.concurrency,
+               "phases_timed": not args.no_phases,
                "output_len": args.output_len, "repeats": args.repeats, "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    out = Path(args.out or ROOT / "bench" / "results" / (
+        "serving_steps_throughput.json" if args.no_phases else "serving_steps.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
     print(table(results))
 
 
@@ -210,11 +230,15 @@ def table(results: dict) -> str:
     rows = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     rows.append("| output tokens/s (median) | " + " | ".join(
         f"{med([r['tokens_per_s'] for r in runs[n]]):.1f}" for n in names) + " |")
+    rows.append("| CPU time a generated token, µs (median) | " + " | ".join(
+        f"{med([r['cpu_us_per_token'] for r in runs[n]]):.0f}"
+        if all("cpu_us_per_token" in r for r in runs[n]) else "-" for n in names) + " |")
     rows.append("| load average (min-max) | " + " | ".join(
         f"{min(r['load_average'][0] for r in runs[n]):.1f}-"
         f"{max(r['load_average'][1] for r in runs[n]):.1f}" for n in names) + " |")
-    rows.append("| engine steps | " + " | ".join(
-        str(runs[n][0]["steps"]) for n in names) + " |")
+    if results.get("phases_timed", True):  # (counted by the phase timers)
+        rows.append("| engine steps | " + " | ".join(
+            str(runs[n][0]["steps"]) for n in names) + " |")
     labels = list(dict.fromkeys(k for n in names for r in runs[n]
                                 for k in r["phases_ms_per_step"]))
     for label in labels:
