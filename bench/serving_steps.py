@@ -54,14 +54,14 @@ PHASES = [
 ]
 PJRT_PHASES = [
     ("pjrt: flush (all)", "torch_pjrt.eager.graph", None, "_flush"),
-    ("pjrt: program run (dispatch + device)", "torch_pjrt.eager.graph", "_Plan", "__call__"),
+    ("pjrt: program run (dispatch + device)", "torch_pjrt.eager.graph", None, "run_plan"),
 ]
 
 
 def _wrap(owner, name: str, label: str, totals: dict, counts: dict,
           programs: dict | None = None):
-    """Times each call of owner.name into totals[label]; `programs`: the call is a fused
-    graph's program (graph._Plan), waited for, and also timed by its ops' count."""
+    """Times each call of owner.name into totals[label]; `programs`: the call runs a fused
+    graph's schedule (graph.run_plan), waited for, and also timed by its ops' count."""
     import functools
 
     fn = getattr(owner, name)
@@ -81,7 +81,7 @@ def _wrap(owner, name: str, label: str, totals: dict, counts: dict,
             totals[label] += seconds
             counts[label] += 1
             if programs is not None:
-                key = f"{args[0].name[:10]} ({len(args[0].entries)} ops)"
+                key = f"{len(args[0].pieces)} piece(s), {len(args[4])} ops"
                 programs.setdefault(key, [0, 0.0])
                 programs[key][0] += 1
                 programs[key][1] += seconds
