@@ -288,3 +288,33 @@ def attention_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
                  _blhe(out.astype(f32)), lse.astype(f32), causal=causal,
                  scale=np.float64(scale))
     return tuple(_blhe(g) for g in grads)
+
+
+# ------------------------------------------------------------------ paged attention
+_PAGED_ATTENTION = "torch_pjrt_cpu_paged_attention"
+
+
+def paged_attention_applies(query, kv_cache, block_table) -> bool:
+    """Whether the shim's paged attention takes this call: a float32 query [T, H, D] and
+    cache [blocks, block_size, 2, kv_heads, D] (kv_heads dividing H), an int32 table, on
+    the cpu platform."""
+    return (query.ndim == 3 and kv_cache.ndim == 5 and block_table.ndim == 2
+            and query.dtype == jnp.float32 and kv_cache.dtype == jnp.float32
+            and kv_cache.shape[2] == 2 and kv_cache.shape[4] == query.shape[2]
+            and kv_cache.shape[3] > 0 and query.shape[1] % kv_cache.shape[3] == 0
+            and query.size > 0 and _has(_PAGED_ATTENTION))
+
+
+def paged_attention(query, kv_cache, block_table, query_start_loc, seq_lens, scale: float,
+                    max_query_len: int):
+    """Causal attention of ragged requests' query rows over their pages of a paged KV
+    cache, read in place (XLA can only gather the pages into a padded copy first):
+    request r owns the rows query_start_loc[r]:query_start_loc[r + 1] (at most
+    max_query_len), the last of its seq_lens[r] positions. Rows no request owns are
+    zeros. The pure-XLA form of the same is the caller's (integrations/vllm)."""
+    counters.count("cpu_paged_attention_traced")
+    i32 = jnp.int32
+    call = jax.ffi.ffi_call(_PAGED_ATTENTION, jax.ShapeDtypeStruct(query.shape, jnp.float32))
+    return call(_hint(query), query, kv_cache, block_table.astype(i32),
+                query_start_loc.astype(i32), seq_lens.astype(i32), scale=np.float64(scale),
+                max_query_len=np.int64(max_query_len))

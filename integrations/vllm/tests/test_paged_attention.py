@@ -1,10 +1,17 @@
-"""The paged KV cache's operators on pjrt against their PyTorch bodies on the CPU."""
+"""The paged KV cache's operators on pjrt against their PyTorch bodies on the CPU: on
+XLA:CPU with the shim's paged attention kernel, and (test_pure_xla_path_too) again with
+TORCH_PJRT_CPU_KERNELS=0, the pure-XLA form that other devices run."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch_pjrt_vllm import paged_attention  # noqa: F401 - registers the operators
 
 import torch_pjrt
+from torch_pjrt.runtime import cpu_kernels
 
 BLOCK, BLOCKS, KV_HEADS, HEADS, D = 4, 16, 2, 4, 8
 
@@ -95,3 +102,35 @@ def test_rows_past_the_limit_raise_on_cpu():
     cache, key, value, slots, query, table, qsl, lens = _case()
     with pytest.raises(ValueError, match="query rows"):
         torch.ops.torch_pjrt_vllm.ragged_paged_attention(query, cache, table, qsl, lens, 0.3, 1)
+
+
+def test_float32_attention_takes_the_kernel_on_xla_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_PJRT_CACHE_DIR", str(tmp_path))  # traced, not loaded
+    if not cpu_kernels.available():
+        pytest.skip("TORCH_PJRT_CPU_KERNELS=0, or no kernels in this build")
+    before = torch_pjrt.counters.value("cpu_paged_attention_traced")
+    # new shapes (a program not compiled yet in this process): traced again
+    cache = torch.randn(8, BLOCK, 2, KV_HEADS, D)
+    query = torch.randn(3, HEADS, D)
+    table = torch.tensor([[1, 2], [3, 0], [4, 5]], dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    lens = torch.tensor([6, 2, 8], dtype=torch.int32)
+    ops = torch.ops.torch_pjrt_vllm
+    want = ops.ragged_paged_attention(query, cache, table, qsl, lens, 0.5, 1)
+    with torch_pjrt.set_eager_mode("strict"):
+        got = ops.ragged_paged_attention(*(t.to("pjrt") for t in (query, cache, table, qsl,
+                                                                   lens)), 0.5, 1)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert torch_pjrt.counters.value("cpu_paged_attention_traced") > before
+
+
+def test_pure_xla_path_too():
+    """The comparisons above again with TORCH_PJRT_CPU_KERNELS=0."""
+    if not cpu_kernels.available():
+        pytest.skip("this run is the pure-XLA one")
+    env = {**os.environ, "TORCH_PJRT_CPU_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p",
+                          "no:cacheprovider", __file__, "-k", "cpu and not kernel and not pure"],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "8 passed" in out.stdout, out.stdout[-3000:]

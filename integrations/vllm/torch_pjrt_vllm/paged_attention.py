@@ -107,6 +107,20 @@ def _query_blocks(query_start_loc, tokens: int, max_query_len: int):
 
 def _ragged_paged_attention_jax(query, kv_cache, block_table, query_start_loc, seq_lens,
                                 scale, max_query_len):
+    """On XLA:CPU with float32 caches, the shim's kernel, which reads each page where the
+    cache holds it (torch_pjrt.runtime.cpu_kernels.paged_attention); elsewhere, and with
+    TORCH_PJRT_CPU_KERNELS=0, the pure-XLA form below."""
+    from torch_pjrt.runtime import cpu_kernels
+
+    if cpu_kernels.paged_attention_applies(query, kv_cache, block_table):
+        return cpu_kernels.paged_attention(query, kv_cache, block_table, query_start_loc,
+                                           seq_lens, scale, max_query_len)
+    return _ragged_paged_attention_xla(query, kv_cache, block_table, query_start_loc,
+                                       seq_lens, scale, max_query_len)
+
+
+def _ragged_paged_attention_xla(query, kv_cache, block_table, query_start_loc, seq_lens,
+                                scale, max_query_len):
     """Each request's rows cut into blocks of QUERY_BLOCK rows (one row in a decode step),
     each block gathered with its request's pages into [blocks, rows, ...] and
     [blocks, pages * block_size, ...]; masked softmax in float32. A prefill step of T rows
