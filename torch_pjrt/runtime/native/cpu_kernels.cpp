@@ -171,6 +171,20 @@ int block_count(ffi::ThreadPool& pool, int64_t extent, int64_t min_units) {
   return int(std::max<int64_t>(1, std::min(threads, extent / min_units)));
 }
 
+// A block's least work, in flops: about 0.1 ms of one core. A smaller call runs on
+// its calling thread alone: waking a pool thread and waiting for it costs more than it
+// saves, and takes a core from the host thread that prepares the next program. vLLM
+// serving a tiny Llama, 16 requests (bench/serving_steps.py --no-phases, alternating
+// runs): 6,182-6,409 tok/s and 238-245 us of CPU a token with its 0.5-8 MFLOP products
+// and attention cut in two, 6,528-6,829 and 217-225 us with each on one thread.
+constexpr double kMinBlockFlops = 4e6;
+
+// block_count, with at most one block per kMinBlockFlops of the call's `flops`.
+int block_count(ffi::ThreadPool& pool, int64_t extent, int64_t min_units, double flops) {
+  int64_t by_work = std::max<int64_t>(1, int64_t(flops / kMinBlockFlops));
+  return int(std::min<int64_t>(by_work, block_count(pool, extent, min_units)));
+}
+
 // ------------------------------------------------------------------ GEMM
 // C[p] = op(A[p]) @ op(B[p]) for row-major [..., M, K] @ [..., K, N] (op: the
 // transpose when ta / tb), batch dimensions leading and equal.
@@ -223,8 +237,9 @@ ffi::Error Gemm(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
   const float* pb = b.typed_data();
   bool rows_cut = m >= n;
   // several matrices: whole ones per block; one: rows or columns, 64 at least
-  int blocks = batch > 1 ? block_count(pool, batch, 1)
-                         : block_count(pool, rows_cut ? m : n, 64);
+  double flops = 2.0 * double(batch) * double(m) * double(n) * double(k);
+  int blocks = batch > 1 ? block_count(pool, batch, 1, flops)
+                         : block_count(pool, rows_cut ? m : n, 64, flops);
   run_blocks(pool, blocks, [&](int i) {
     int previous = set_local_threads(1);  // the blocks are the parallelism
     if (batch > 1) {
@@ -600,7 +615,14 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
         }
     }
   };
-  int blocks = block_count(pool, int64_t(units.size()), 1);
+  double flops = 0;  // two products of d a query row and key
+  for (const PagedUnit& w : units) {
+    int64_t q_len = starts[w.request + 1] - starts[w.request];
+    flops += 4.0 * double(w.rows * group * d) *
+             double(std::clamp<int64_t>(lens[w.request] - q_len + w.row0 + w.rows, 0,
+                                        pages * block_size));
+  }
+  int blocks = block_count(pool, int64_t(units.size()), 1, flops);
   run_blocks(pool, blocks, work);
   return ffi::Error::Success();
 }
