@@ -225,3 +225,55 @@ def test_pure_xla_paths_too(eager_mode):
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stdout[-3000:]
     assert " passed" in out.stdout and "failed" not in out.stdout
+
+
+# ------------------------------------------------------------------ paged attention
+def _paged_reference(query, cache, table, starts, lens, scale, max_query_len):
+    """Causal attention of each request's rows over its pages, in float64 (the kernel's
+    contract: runtime/cpu_kernels.paged_attention)."""
+    block_size, kv_heads = cache.shape[1], cache.shape[3]
+    group = query.shape[1] // kv_heads
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    for r in range(table.shape[0]):
+        lo, hi = int(starts[r]), int(starts[r + 1])
+        rows = min(hi - lo, max_query_len)
+        for i in range(rows):
+            pos = int(lens[r]) - (hi - lo) + i
+            keys = [cache[table[r, j // block_size], j % block_size] for j in range(pos + 1)]
+            kv = torch.stack(keys).double()  # [n, 2, kv_heads, d]
+            k = kv[:, 0].repeat_interleave(group, dim=1)
+            v = kv[:, 1].repeat_interleave(group, dim=1)
+            scores = torch.einsum("hd,khd->hk", query[lo + i].double(), k) * scale
+            out[lo + i] = torch.einsum("hk,khd->hd", scores.softmax(-1), v)
+    return out
+
+
+@pytest.mark.parametrize("max_query_len", [1, 64])
+def test_paged_attention_matches_reference(eager_mode, max_query_len):
+    """Requests of 37 and 20 query rows (prefill, a chunk after 9 cached: several tiles of
+    16 rows), a decode of 1 after 30, a padding request; grouped heads (4 over 2). With
+    max_query_len 1, a decode step's contract: each request's first row only."""
+    if eager_mode != "strict":
+        pytest.skip("a JAX-level kernel: one mode is enough")
+    if not cpu_kernels.available():
+        pytest.skip("the kernels are used on the cpu platform with an MKL build of torch")
+    import jax
+    import jax.numpy as jnp
+
+    g = torch.Generator().manual_seed(0)
+    block, heads, kv_heads, d = 4, 4, 2, 8
+    starts = torch.tensor([0, 37, 57, 58, 58], dtype=torch.int32)
+    lens = torch.tensor([37, 29, 31, 0], dtype=torch.int32)
+    pages = [list(range(1, 11)), list(range(11, 19)) + [0, 0],
+             list(range(19, 27)) + [0, 0], [0] * 10]
+    table = torch.tensor(pages, dtype=torch.int32)
+    cache = torch.randn(32, block, 2, kv_heads, d, generator=g)
+    query = torch.randn(64, heads, d, generator=g)
+    want = _paged_reference(query, cache, table, starts, lens, 0.3, max_query_len)
+    before = torch_pjrt.counters.value("cpu_paged_attention_traced")
+    fn = jax.jit(lambda *a: cpu_kernels.paged_attention(*a, 0.3, max_query_len))
+    got = fn(*(jnp.asarray(t.numpy()) for t in (query, cache, table, starts, lens)))
+    assert torch_pjrt.counters.value("cpu_paged_attention_traced") == before + 1
+    torch.testing.assert_close(torch.from_numpy(jax.device_get(got).copy()).double(), want,
+                               rtol=1e-5, atol=1e-5)
+    assert want[58:].abs().sum() == 0  # rows no request owns are zeros

@@ -208,6 +208,8 @@ def flush(reason: str = "sync", keep: list | None = None) -> None:
     """Compile (or reuse) and run the pending graph; pending storages get their buffers.
     Under the op lock, as every op is: the graph is the process's, threads take turns.
     `keep`: a list that gets the Ran of the graph (eager/replay.py runs it again)."""
+    if _native is None:  # the runtime has not started: no op was recorded
+        return
     _native.lock_ops()
     try:
         _flush(reason, keep)
