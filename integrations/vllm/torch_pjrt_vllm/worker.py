@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 
 import torch
 from vllm.config import VllmConfig
@@ -88,7 +89,12 @@ class PjrtWorker(Worker):
         from torch_pjrt.eager import tiers
 
         start, before = time.perf_counter(), torch_pjrt.metrics().get("compiles", 0)
-        self._warm_up_steps()
+        with warnings.catch_warnings():
+            # each bucket is meant to be one more program of the same step's graph: not
+            # the accidental recompiles fused eager warns about
+            warnings.filterwarnings("ignore", message=r"pjrt: a fused graph of .* has been "
+                                    r"compiled for")
+            self._warm_up_steps()
         if not tiers.blocking():
             logger.warning("pjrt: tiered execution is on (TORCH_PJRT_TIERED): the warm-up "
                            "steps ran op by op and their programs compile while serving")
