@@ -14,7 +14,6 @@ import functools
 import torch
 
 from ..lowering import checks, registry
-from ..runtime import device_module
 from ..storage import table, transfer, views
 from . import dynamic, executor, fallback, meta, op_cache, opspec, sparse
 
@@ -206,8 +205,7 @@ def _to_copy(self: torch.Tensor, **kwargs):
     if target.type == executor._PJRT and (target.index is None or target == self.device):
         return executor.execute(_TO_COPY_SPEC, (self,), kwargs)
     if _plain_upload(self, target, kwargs):  # a contiguous CPU tensor as it is
-        index = target.index
-        return _upload(self, device_module.current_device() if index is None else index)
+        return _upload(self, _index(target))
     # Another device: the layout PyTorch gives (memory_format), filled by copy_.
     meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
     meta = aten._to_copy.default(meta, **{**kwargs, "device": "meta", "pin_memory": None})

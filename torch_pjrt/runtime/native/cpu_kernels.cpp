@@ -24,13 +24,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <mutex>
@@ -492,7 +492,6 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
   });
 }
 
-
 // ------------------------------------------------------------------ paged attention
 // Causal attention of ragged requests over a paged KV cache, reading each key and value
 // row where the cache holds it. XLA:CPU can only gather a request's pages into a padded
@@ -510,6 +509,8 @@ constexpr int64_t kRowTile = 16;
 
 struct PagedUnit {
   int64_t request, row0, rows, head;
+  int64_t pos0;  // position of the tile's first row
+  int64_t keys;  // keys the tile reads: 0..(its last row's position), within the table
 };
 
 __attribute__((target_clones("arch=haswell", "default")))
@@ -550,13 +551,18 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
   std::fill(o, o + out->element_count(), 0.0f);
 
   std::vector<PagedUnit> units;
+  double flops = 0;  // a query row and a key: two products of d
   for (int64_t r = 0; r < requests; ++r) {
     int64_t lo = std::clamp<int64_t>(starts[r], 0, tokens);
     int64_t hi = std::clamp<int64_t>(starts[r + 1], lo, tokens);
     int64_t rows = std::min(hi - lo, max_query_len);
-    for (int64_t row0 = 0; row0 < rows; row0 += kRowTile)
-      for (int64_t h = 0; h < kv_heads; ++h)
-        units.push_back({r, row0, std::min(kRowTile, rows - row0), h});
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowTile) {
+      int64_t tile = std::min(kRowTile, rows - row0);
+      int64_t pos0 = lens[r] - (starts[r + 1] - starts[r]) + row0;
+      int64_t keys = std::clamp<int64_t>(pos0 + tile, 0, pages * block_size);
+      for (int64_t h = 0; h < kv_heads; ++h) units.push_back({r, row0, tile, h, pos0, keys});
+      flops += 4.0 * double(kv_heads * tile * group * d) * double(keys);
+    }
   }
   const int64_t row_stride = 2 * kv_heads * d;  // floats from one cache row to the next
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -569,14 +575,12 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
 
   std::atomic<size_t> next{0};
   auto work = [&](int) {
-    std::vector<float> scores, acc;
+    std::vector<float> scores, acc, weight;
+    std::vector<int64_t> count;
     for (size_t u; (u = next.fetch_add(1)) < units.size();) {
       const PagedUnit& w = units[u];
       const int64_t r = w.request, first = starts[r] + w.row0;  // flat row of the tile's first
-      const int64_t q_len = starts[r + 1] - starts[r];
-      const int64_t pos0 = lens[r] - q_len + w.row0;  // position of the tile's first row
-      // keys the tile reads: 0..(its last row's position), within the table
-      const int64_t keys = std::clamp<int64_t>(pos0 + w.rows, 0, pages * block_size);
+      const int64_t pos0 = w.pos0, keys = w.keys;
       const int64_t n_q = w.rows * group;
       scores.assign(size_t(n_q * std::max<int64_t>(keys, 1)), 0.0f);
       for (int64_t j = 0; j < keys; ++j) {
@@ -587,8 +591,8 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
                 dot(q + ((first + i) * heads + w.head * group + g) * d, k, d) * float(scale);
       }
       acc.assign(size_t(n_q * d), 0.0f);
-      std::vector<float> weight(static_cast<size_t>(n_q));
-      std::vector<int64_t> count(static_cast<size_t>(n_q));
+      weight.assign(size_t(n_q), 0.0f);
+      count.assign(size_t(n_q), 0);
       for (int64_t i = 0; i < w.rows; ++i) {
         const int64_t n = std::clamp<int64_t>(pos0 + i + 1, 0, keys);  // causal: 0..position
         for (int64_t g = 0; g < group; ++g) {
@@ -615,13 +619,6 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
         }
     }
   };
-  double flops = 0;  // two products of d a query row and key
-  for (const PagedUnit& w : units) {
-    int64_t q_len = starts[w.request + 1] - starts[w.request];
-    flops += 4.0 * double(w.rows * group * d) *
-             double(std::clamp<int64_t>(lens[w.request] - q_len + w.row0 + w.rows, 0,
-                                        pages * block_size));
-  }
   int blocks = block_count(pool, int64_t(units.size()), 1, flops);
   run_blocks(pool, blocks, work);
   return ffi::Error::Success();
