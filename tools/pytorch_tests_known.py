@@ -26,12 +26,6 @@ KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
             "has no quantized tensors (XLA has no scale/zero-point type)", True),
     },
     "test_sort_and_select.py": {
-        "TestSortAndSelect.test_stable_sort_against_numpy_*": (
-            "its samples index_fill a device tensor with CPU index tensors (torch.randint "
-            "without a device): pjrt refuses a 1-d index on another device, as CUDA does "
-            "(index_fill_'s TensorIterator takes a CPU operand only as a 0-d scalar, and the "
-            "restrided index has self's dims) and XPU does (its index_fill_ checks that self "
-            "and index share a device); the test returns before those samples on CUDA", True),
         "TestSortAndSelect.test_unique_dim": (
             "its NaN case expects unique(dim=0) of [nan, 0, 0, nan, nan, 1] in input order: the "
             "CPU sorts rows with a `<` comparator that NaN leaves without a consistent order "

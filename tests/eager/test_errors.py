@@ -222,3 +222,30 @@ def test_in_place_bitwise_ops_refuse_overlap_as_the_cpu(case):
         assert str(dev.value) == str(e)
         return
     assert torch.equal(fn(torch.arange(6, dtype=dtype, device="pjrt")).cpu(), expected)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_index_fill_takes_an_index_on_the_cpu_as_the_cpu_does(inplace):
+    """index_fill(_) takes a 1-d index tensor on the CPU, as the CPU kernel does (PyTorch's
+    test_stable_sort_against_numpy fills device tensors at `torch.randint` indices); the
+    other indexing ops refuse one, as CUDA does."""
+    x = torch.randn(4, 5)
+    index = torch.tensor([3, 0, 3])
+    value = torch.tensor(-2.0)
+    for dim, fill in ((0, float("inf")), (1, value), (-1, 7)):
+        idx = index if dim == 0 else index.clamp(max=4)
+        want = x.clone().index_fill_(dim, idx, fill) if inplace else x.index_fill(dim, idx, fill)
+        d = x.to("pjrt")
+        got = d.index_fill_(dim, idx, fill) if inplace else d.index_fill(dim, idx, fill)
+        assert idx.device.type == "cpu"
+        torch.testing.assert_close(got.cpu(), want)
+    # gradients flow through, the backward's index_fill taking the CPU index too
+    w = torch.randn(4, 5, device="pjrt", requires_grad=True)
+    w.index_fill(0, index, 0.0).sum().backward()
+    want = torch.ones(4, 5).index_fill_(0, index, 0.0)
+    assert torch.equal(w.grad.cpu(), want)
+    # an index out of range is still an error
+    with pytest.raises(IndexError, match="out of range|out of bounds"):
+        x.to("pjrt").index_fill(0, torch.tensor([4]), 1.0).cpu()
+    with pytest.raises(RuntimeError, match="same device"):
+        x.to("pjrt").index_select(0, index)

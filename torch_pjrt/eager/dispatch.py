@@ -278,6 +278,25 @@ def _record_stream(self: torch.Tensor, stream) -> None:
     programs in order and XLA keeps a buffer alive while a program reading it runs."""
 
 
+def _index_fill_kernels() -> dict:
+    """index_fill(_) with an index tensor on the CPU, as the CPU kernel takes it (PyTorch's
+    device-generic tests fill device tensors at `torch.randint` indices made on the CPU):
+    the index goes to self's device first. CUDA refuses such an index here, and pjrt
+    refuses it in every other indexing op as CUDA does (gather, index_select...)."""
+    def wrap(op):
+        kernel = _via_executor(op)
+
+        def index_fill(self, dim, index, value):
+            if (index.device.type == "cpu" and index.dim() > 0
+                    and self.device.type == executor._PJRT):
+                index = _upload(index.contiguous(), _index(self.device))
+            return kernel(self, dim, index, value)
+        return index_fill
+    ops = (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor,
+           aten.index_fill_.int_Scalar, aten.index_fill_.int_Tensor)
+    return {op: wrap(op) for op in ops}
+
+
 _COPY_SPEC: opspec.OpSpec | None = None
 _TO_COPY_SPEC: opspec.OpSpec | None = None
 
@@ -343,7 +362,7 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     _COPY_SPEC = opspec.spec(aten.copy_.default)
     _TO_COPY_SPEC = opspec.spec(aten._to_copy.default)
     executor._native.register_metadata_ops([_qualname(op) for op in METADATA_OPS])
-    special = {**SPECIAL_KERNELS, **_data_dependent_kernels()}
+    special = {**SPECIAL_KERNELS, **_data_dependent_kernels(), **_index_fill_kernels()}
     for op, fn in special.items():
         lib.impl(_qualname(op), _taking_turns(fn))
     # Lowered ops: the native kernel (runtime/native/op_kernel.cpp), per namespace.
