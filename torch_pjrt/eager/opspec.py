@@ -73,6 +73,7 @@ def _dtype_from_out(op: OpOverload, args: list[ArgSpec], is_out: bool) -> int | 
     return next((i for i, a in enumerate(args) if a.name == "dtype"), None)
 
 
+@functools.cache  # asked at start for every lowered op's variants, then by spec()
 def _functional_counterpart(op: OpOverload) -> OpOverload | None:
     """add_.Tensor -> add.Tensor; add.out -> add.Tensor; max.dim_max -> max.dim."""
     schema = op._schema
