@@ -60,6 +60,10 @@ EXACT_CASES = {
     "float to integer, in range (truncating)": (
         lambda a: (a.astype(jnp.int32), a.astype(jnp.uint8)),
         np.array([[1.5, -0.0, 0.0], [3e-39, 254.9, 7.99]], np.float32)),
+    "integers to floats that hold them (a pad or fill value)": (
+        lambda a, b: (a.astype(jnp.float32), a.astype(jnp.float16), a.astype(jnp.bfloat16),
+                      b.astype(jnp.float32), a.astype(jnp.float64)),
+        np.array([[0, -7, 256], [255, -256, 1]], np.int64), np.array([True, False])),
     "copy": (lambda a: jnp.copy(a) + 1, _I64),
     "transpose, rev, squeeze": (
         lambda a: (jnp.transpose(a, (2, 0, 1)), jnp.flip(a, (0, 2)), a[:1, :, :1].squeeze()),
@@ -79,7 +83,6 @@ def test_numpy_evaluates_exact_steps_as_xla_does(case):
 
 @pytest.mark.parametrize("f, args", [
     (lambda a: a + a, (_F32,)),  # rounding: the compiler's
-    (lambda a: a.astype(jnp.float32), (_I64,)),  # integer to float: rounding
     (lambda a, b: a // b, (_I8, _I8)),  # division: rounding, and by zero
     (lambda a: a >> 2, (_I8,)),  # shifts: out-of-range counts
     (lambda a: jnp.sum(a), (_F32,)),  # a float reduction: the compiler's order
@@ -97,6 +100,17 @@ def test_a_float_an_integer_type_cannot_hold_is_not_converted_on_the_host(value)
     with pytest.raises(host_ops.NotExact):
         host_ops._evaluate(closed.jaxpr, closed.consts, [np.array([1.0, value, 2.0],
                                                                  np.float32)])
+
+
+@pytest.mark.parametrize("dtype, value", [(jnp.float32, 2 ** 24 + 1), (jnp.float32, -(2 ** 31)),
+                                          (jnp.bfloat16, 257), (jnp.float16, 4097)])
+def test_an_integer_a_float_cannot_hold_is_not_converted_on_the_host(dtype, value):
+    """Integer to float is exact where the float holds the value (checked as it runs);
+    a value it would round is left to the program (the rounding is the compiler's)."""
+    closed = jax.make_jaxpr(lambda a: a.astype(dtype))(np.zeros(3, np.int64))
+    assert host_ops._exact(closed.jaxpr)
+    with pytest.raises(host_ops.NotExact):
+        host_ops._evaluate(closed.jaxpr, closed.consts, [np.array([1, value, 2], np.int64)])
 
 
 @pytest.fixture

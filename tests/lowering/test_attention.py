@@ -326,3 +326,87 @@ def test_eager_sdpa_takes_the_lowered_fused_kernel():
         found.append([ref.detach(), ref_q.grad])
     assert_as_accurate_as_cpu([out.detach(), dq.grad], *found)
     assert "softmax" not in " ".join(torch_pjrt.counters._counters)  # not the math path
+
+
+# ------------------------------------------------ attention over a growing key/value cache
+# (queries, keys, key/value heads, is_causal): fewer queries than keys, the calls that pad
+# the cache to a bucket of lengths (eager/dispatch.py) and run pjrt::attention_prefix
+CACHE_CASES = {
+    "decode, keys padded 17 -> 20": (1, 17, H, False),
+    "decode, a bucket's own length": (1, 20, H, False),
+    "decode, padded 21 -> 24, causal": (1, 21, H, True),
+    "decode, grouped heads": (1, 33, 2, False),
+    "a chunk after cached tokens, causal": (3, 30, H, True),
+}
+
+
+def _programs_of(name: str) -> set:
+    """The digests of the programs described so far whose op is `name` (strict mode: one
+    program an op signature)."""
+    from torch_pjrt.runtime import watch
+    return {d for d, p in watch._programs.items() if p.title.startswith(name)}
+
+
+@pytest.mark.parametrize("mode", ("strict", "fused", "debug"))
+@pytest.mark.parametrize("case", sorted(CACHE_CASES))
+def test_attention_over_a_growing_cache_match_cpu(case, mode):
+    """The padded keys' attention over the true length equals the CPU's SDPA on the
+    unpadded cache: bit for bit where XLA:CPU runs ATen's kernel (the same kernel over the
+    same rows), to float32 rounding on the pure-XLA path (test_pure_xla_paths_too); the
+    gradients flow through the op that was called."""
+    from torch_pjrt.runtime import cpu_kernels
+
+    lq, s, hk, causal = CACHE_CASES[case]
+    g = torch.Generator().manual_seed(s)
+    q, k, v = (torch.randn(B, h, n, E, generator=g) for h, n in ((H, lq), (hk, s), (hk, s)))
+    kw = {"is_causal": causal}
+    if hk != H:  # (PyTorch's SDPA repeats grouped keys itself only when asked)
+        k, v = k.repeat_interleave(H // hk, 1), v.repeat_interleave(H // hk, 1)
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    want, *want_grads = outputs_and_grads(sdpa, q, k, v)
+    with torch_pjrt.set_eager_mode(mode):
+        got, *grads = outputs_and_grads(sdpa, *to_device([q, k, v]))
+    if cpu_kernels.available():
+        assert torch.equal(got.cpu(), want)
+    else:
+        assert_same(got, want, scale=4 * s)
+    for a, b in zip(grads, want_grads):
+        assert_same(a, b, scale=4 * s)
+
+
+def test_a_growing_cache_compiles_one_attention_program_per_bucket():
+    """A decode loop over key lengths 17..48 compiles the attention once per bucket
+    (20, 24, 28, 32, 40, 48: TORCH_PJRT_BUCKETS' default), not once per length; the
+    padding runs on programs of its own (or, in fused eager, on the host)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, H, 1, E, generator=g)
+    cache = torch.randn(1, H, 48, E, generator=g)
+    prefix, sdpa = "pjrt.attention_prefix", "aten._scaled_dot_product_fused_attention"
+    before = _programs_of(prefix), _programs_of(sdpa)
+    with torch_pjrt.set_eager_mode("strict"):
+        for s in range(17, 49):
+            got = F.scaled_dot_product_attention(to_device(q), to_device(cache[:, :, :s]),
+                                                 to_device(cache[:, :, :s]))
+            want = F.scaled_dot_product_attention(q, cache[:, :, :s], cache[:, :, :s])
+            assert_same(got, want, scale=4 * s)
+    assert 1 <= len(_programs_of(prefix) - before[0]) <= 6
+    assert not _programs_of(sdpa) - before[1]
+
+
+def test_attention_over_a_growing_cache_pure_xla_too():
+    """The growing-cache tests above again with TORCH_PJRT_CPU_KERNELS=0: the padded op's
+    pure-XLA path (the keys past the true length masked out), what GPUs and TPUs run."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCH_PJRT_CPU_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p",
+                          "no:xdist", "-p", "no:cacheprovider", __file__,
+                          "-k", "growing_cache and not pure_xla"],
+                         env=env, capture_output=True, text=True, timeout=900,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "16 passed" in out.stdout, out.stdout[-500:]

@@ -6,13 +6,9 @@ size compiles a new program. Instead each size symbol is rounded up to a bucket,
 the program computes at the bucket size with the true sizes as run-time inputs,
 and the outputs are cut back to the true sizes.
 
-Bucket policy (TORCH_PJRT_BUCKETS=k, default 4): sizes up to 16 round up to the
-next power of two (1, 2, 4, 8, 16); larger sizes round up to the next multiple
-of 2^j / k within their octave (2^j, 2^(j+1)], i.e. k buckets per octave. With
-k=4 that is 20, 24, 28, 32, 40, 48, 56, 64, 80, ...: at most 25% padding and 4
-programs per doubling of the size, and every bucket above 16 is a multiple of 4
-(of 8 above 32, ...), which keeps tiles aligned. k=1 is powers of two; k must be
-1, 2, 4, 8 or 16. TORCH_PJRT_BUCKETS=0 (or off) turns bucketing off: one program
+Bucket policy (TORCH_PJRT_BUCKETS=k, default 4; lowering/bucket_sizes.py): sizes up
+to 16 round up to the next power of two, larger ones to k buckets per doubling (20, 24,
+28, 32, 40, ... with k=4); TORCH_PJRT_BUCKETS=0 (or off) turns bucketing off: one program
 per size, as without it.
 
 Padding must never change a valid result. `analyze` proves that per graph, from
@@ -41,37 +37,11 @@ import torch
 import torch.fx
 from jax import lax
 
-from .. import _env
+# the policy, shared with fused eager's attention over a growing cache (compile/graph.py
+# and compile/warm.py read it from here)
+from ..lowering.bucket_sizes import SMALL, bucket, steps_per_octave  # noqa: F401
 
 aten = torch.ops.aten
-
-SMALL = 16  # sizes up to this round to powers of two
-
-
-# ------------------------------------------------------------------ the policy
-def steps_per_octave() -> int:
-    """Buckets per doubling of the size from TORCH_PJRT_BUCKETS; 0: bucketing is off."""
-    raw = _env.get("TORCH_PJRT_BUCKETS").strip().lower()
-    if raw in ("", "0", "off", "false", "no"):
-        return 0
-    if raw in ("on", "true", "yes"):
-        return 4
-    if raw not in ("1", "2", "4", "8", "16"):
-        raise ValueError(f"TORCH_PJRT_BUCKETS={raw!r}: expected 0/off or 1, 2, 4, 8, 16 "
-                         "(buckets per doubling of the size)")
-    return int(raw)
-
-
-def bucket(n: int, steps: int = 4) -> int:
-    """The padded size for a true size `n` (see the module docstring)."""
-    if n <= 1:
-        return n
-    up = 1 << (n - 1).bit_length()  # the next power of two
-    if n <= SMALL or steps <= 1:
-        return up
-    step = (up // 2) // steps
-    return -(-n // step) * step
-
 
 # ---------------------------------------------------------- sizes as factors
 # A dimension's index is a mixed-radix number of factors, outermost first; each

@@ -10,10 +10,11 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
-from ..lowering import checks, registry
+from ..lowering import bucket_sizes, checks, registry
 from ..storage import table, transfer, views
 from . import dynamic, executor, fallback, meta, op_cache, opspec, sparse
 
@@ -297,6 +298,41 @@ def _index_fill_kernels() -> dict:
     return {op: wrap(op) for op in ops}
 
 
+def _attention_kernels() -> dict:
+    """SDPA over a key/value cache that grows by a token a step (Hugging Face's
+    DynamicCache: a new key length each decode step) runs on one program per bucket of
+    lengths (lowering/bucket_sizes.py, TORCH_PJRT_BUCKETS), not one per length: keys and
+    values are padded to the bucket and pjrt::attention_prefix attends over the true
+    length, a run-time number (on XLA:CPU ATen's kernel over those rows, bit for bit the
+    unpadded result). Only for calls with fewer queries than keys (decoding, a chunk
+    after cached tokens), no mask, no dropout; every other call, and every call with
+    TORCH_PJRT_BUCKETS=0, is the op's own program."""
+    op = aten._scaled_dot_product_fused_attention_overrideable.default
+    kernel = _via_executor(op)
+
+    def sdpa(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+             return_debug_mask=False, *, scale=None):
+        keys = key.shape[-2]
+        steps = bucket_sizes.steps_per_octave()
+        if (steps and attn_bias is None and dropout_p == 0.0 and not return_debug_mask
+                and query.dim() == key.dim() == value.dim() == 4
+                and 0 < query.shape[-2] < keys and query.numel() and value.shape[-2] == keys):
+            padded = bucket_sizes.bucket(keys, steps)
+            if padded != keys:  # (a length that is a bucket itself runs on that one)
+                pad = (0, 0, 0, padded - keys)
+                key = aten.constant_pad_nd.default(key, pad)
+                value = aten.constant_pad_nd.default(value, pad)
+            out, lse, seed, offset = torch.ops.pjrt.attention_prefix.default(
+                query, key, value, keys, is_causal,
+                scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+            return out, lse, None, None, query.shape[-2], keys, seed, offset, None
+        if scale is None:  # (no keyword: the executor's native key)
+            return kernel(query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask)
+        return kernel(query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask,
+                      scale=scale)
+    return {op: sdpa}
+
+
 _COPY_SPEC: opspec.OpSpec | None = None
 _TO_COPY_SPEC: opspec.OpSpec | None = None
 
@@ -362,7 +398,8 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
     _COPY_SPEC = opspec.spec(aten.copy_.default)
     _TO_COPY_SPEC = opspec.spec(aten._to_copy.default)
     executor._native.register_metadata_ops([_qualname(op) for op in METADATA_OPS])
-    special = {**SPECIAL_KERNELS, **_data_dependent_kernels(), **_index_fill_kernels()}
+    special = {**SPECIAL_KERNELS, **_data_dependent_kernels(), **_index_fill_kernels(),
+               **_attention_kernels()}
     for op, fn in special.items():
         lib.impl(_qualname(op), _taking_turns(fn))
     # Lowered ops: the native kernel (runtime/native/op_kernel.cpp), per namespace.

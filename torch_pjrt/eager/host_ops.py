@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
@@ -123,7 +124,9 @@ def _squeeze(x, *, dimensions):
 
 class NotExact(Exception):
     """A float converted to an integer type that cannot hold it (NaN, infinite, out of
-    range): C leaves the result undefined and XLA saturates, so the program computes it."""
+    range): C leaves the result undefined and XLA saturates; or an integer converted to a
+    float that cannot hold it exactly (its rounding is the compiler's): the program
+    computes it."""
 
 
 def _convert(x, *, new_dtype, **_):
@@ -132,15 +135,21 @@ def _convert(x, *, new_dtype, **_):
         info = np.iinfo(dst)
         if not (np.isfinite(x).all() and (x > info.min - 1).all() and (x < info.max + 1).all()):
             raise NotExact(f"{x.dtype} to {dst}")
+    elif x.dtype.kind in _INT_KINDS and jnp.issubdtype(dst, jnp.floating):
+        held = 1 << (jnp.finfo(dst).nmant + 1)  # every integer up to this, exactly
+        if not ((x >= -held).all() and (x <= held).all()):
+            raise NotExact(f"{x.dtype} to {dst}")
     return x.astype(dst)
 
 
 def _exact_convert(eqn) -> bool:
-    """Integer to integer (both wrap), or float to integer (both truncate a value the type
-    holds; _convert checks the values as it runs, NotExact otherwise)."""
+    """Integer to integer (both wrap), float to integer (both truncate a value the type
+    holds), integer or bool to float (both give the value itself where the float holds it:
+    a pad or fill value of 0); _convert checks the values as it runs, NotExact otherwise."""
     src, dst = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.params["new_dtype"])
     return src == dst or (src.kind in _INT_KINDS and dst.kind in _INT_KINDS) or (
-        src.kind == "f" and dst.kind in "iu")
+        src.kind == "f" and dst.kind in "iu") or (
+        src.kind in _INT_KINDS and jnp.issubdtype(dst, jnp.floating))  # (bfloat16's kind: V)
 
 
 def _clamp(lo, x, hi):

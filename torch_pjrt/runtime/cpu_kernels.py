@@ -265,15 +265,17 @@ def _blhe(t):
     return jnp.swapaxes(t, 1, 2)
 
 
-def attention(q, k, v, causal: bool, scale: float):
-    """(out (B, H, L, Ev), logsumexp (B, H, L)) of ATen's CPU flash attention."""
+def attention(q, k, v, causal: bool, scale: float, keys=None):
+    """(out (B, H, L, Ev), logsumexp (B, H, L)) of ATen's CPU flash attention over the first
+    `keys` rows of k and v (a run-time int64 scalar; None: all of them)."""
     counters.count("cpu_attention_traced")
     b, h, length, _ = q.shape
     f32 = jnp.float32
     call = jax.ffi.ffi_call(_ATTENTION, (
         jax.ShapeDtypeStruct((b, length, h, v.shape[-1]), f32),
         jax.ShapeDtypeStruct((b, h, length), f32)))
-    out, lse = call(_hint(q), _blhe(q), _blhe(k), _blhe(v), causal=causal,
+    keys = jnp.asarray(k.shape[2] if keys is None else keys, jnp.int64).reshape(())
+    out, lse = call(_hint(q), _blhe(q), _blhe(k), _blhe(v), keys, causal=causal,
                     scale=np.float64(scale))
     return _blhe(out), lse
 

@@ -27,6 +27,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from ...runtime import cpu_kernels
@@ -401,6 +402,48 @@ def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=Fa
     lse = lse.reshape(layout.b if q.ndim == 4 else 1, layout.hq, layout.lq)
     seed, offset = _key_to_philox(key)
     return out, lse.astype(jnp.float32), None, None, seed, offset, None
+
+
+# -------------------------------------------------------------- a growing key/value cache
+# Decoding with a cache that grows by a token a step (Hugging Face's DynamicCache) asks for
+# attention over a new key length every step: a program per length. Fused eager's kernel
+# (eager/dispatch.py) pads the keys and values to a bucket of lengths
+# (lowering/bucket_sizes.py) and calls this op with the true length as a run-time number:
+# one program per bucket. Its outputs are the fused op's output, logsumexp, and its
+# philox seed and offset (zeros: no dropout here).
+_lib = torch.library.Library("pjrt", "FRAGMENT")
+_lib.define("attention_prefix(Tensor query, Tensor key, Tensor value, SymInt keys, "
+            "bool is_causal, float scale) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+@torch.library.register_fake("pjrt::attention_prefix", lib=_lib)
+def _attention_prefix_meta(q, k, v, keys, is_causal, scale):
+    r = aten._scaled_dot_product_fused_attention_overrideable.default(
+        q, k, v, None, 0.0, is_causal, False, scale=scale)
+    return r[0], r[1], r[6], r[7]
+
+
+@lower(torch.ops.pjrt.attention_prefix.default, products=True, dynamic=("keys",))
+def attention_prefix(q, k, v, keys, is_causal, scale):
+    """Attention of q over the first `keys` rows of k and v (the rest is padding): on
+    XLA:CPU ATen's flash attention on those rows, bit for bit what it gives unpadded;
+    elsewhere the core with the padding (and, causal, the rows' future keys: top-left
+    aligned, as PyTorch's is_causal) masked out."""
+    zero = jnp.zeros((), jnp.int64)
+    if cpu_kernels.attention_applies(q, k, v, None, 0.0):
+        out, lse = cpu_kernels.attention(q, k, v, is_causal, scale, keys=keys)
+        return out, lse, zero, zero
+    layout = _Layout(q, k)
+    key_pos = jnp.arange(layout.s)
+    seen = key_pos[None, :] < keys
+    if is_causal:
+        seen = seen & (key_pos[None, :] <= jnp.arange(layout.lq)[:, None])
+    bias = jnp.where(seen, 0.0, -jnp.inf).astype(q.dtype)
+    out, lse = _attend(layout.query(q), layout.kv(k), layout.kv(v), layout.bias(bias), False,
+                       scale, 0.0, None, layout)
+    out = out.reshape(q.shape[:-1] + (v.shape[-1],)).astype(q.dtype)
+    lse = lse.reshape(layout.b if q.ndim == 4 else 1, layout.hq, layout.lq)
+    return out, lse.astype(jnp.float32), zero, zero
 
 
 def _key_to_philox(key):

@@ -433,15 +433,24 @@ struct AttentionShape {
   }
 };
 
+// `keys`: how many of k's and v's rows (the first ones) the queries attend to, a run-time
+// number: a key/value cache padded to a bucket of lengths is one program for all of them
+// (pjrt::attention_prefix), each call computing exactly what ATen's kernel computes on the
+// unpadded rows (its blocks follow the logical sizes; the rows past `keys` are not read).
 ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
                      ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                     ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> out,
-                     ffi::ResultBuffer<ffi::F32> lse, bool causal, double scale) {
+                     ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S64> keys,
+                     ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse,
+                     bool causal, double scale) {
   AttentionShape a;
   if (!a.parse(q.dimensions(), k.dimensions(), v.dimensions()) ||
-      out->element_count() != a.out_elements() || lse->element_count() != a.lse_elements())
+      out->element_count() != a.out_elements() || lse->element_count() != a.lse_elements() ||
+      keys.element_count() != 1)
     return ffi::Error::InvalidArgument("torch_pjrt attention: shapes do not match");
   if (a.empty()) return ffi::Error::InvalidArgument("torch_pjrt attention: empty operands");
+  const int64_t n = *keys.typed_data();
+  if (n < 1 || n > a.s)
+    return ffi::Error::InvalidArgument("torch_pjrt attention: keys out of range");
   const float *pq = q.typed_data(), *pk = k.typed_data(), *pv = v.typed_data();
   float *po = out->typed_data(), *pl = lse->typed_data();
   int blocks = block_count(pool, a.extent, 1);
@@ -451,8 +460,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer /*cost_hint*/,
     c10::InferenceMode no_autograd;
     c10::ParallelGuard serial(true);
     auto [o, m] = at::_scaled_dot_product_flash_attention_for_cpu(
-        a.heads(pq, a.l, a.hq, a.e, lo, hi), a.heads(pk, a.s, a.hk, a.e, lo, hi),
-        a.heads(pv, a.s, a.hk, a.ev, lo, hi), 0.0, causal, std::nullopt, scale);
+        a.heads(pq, a.l, a.hq, a.e, lo, hi), a.heads(pk, a.s, a.hk, a.e, lo, hi).narrow(2, 0, n),
+        a.heads(pv, a.s, a.hk, a.ev, lo, hi).narrow(2, 0, n), 0.0, causal, std::nullopt, scale);
     a.heads(po, a.l, a.hq, a.ev, lo, hi).copy_(o);
     a.lse(pl, lo, hi).copy_(m);
   });
@@ -660,6 +669,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_pjrt_cpu_attention, torch_pjrt_cpu::Attentio
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S64>>()  // keys
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<bool>("causal")
