@@ -67,8 +67,9 @@ VARIABLES: tuple[EnvVar, ...] = (
            "empty: one per core."),
     EnvVar("TORCH_PJRT_DEBUG_COMPARE", "0", "Debug eager: also run every op on the CPU and raise "
            "at the first op whose result differs."),
-    EnvVar("TORCH_PJRT_BUCKETS", "4", "torch.compile with dynamic sizes: pad each dynamic size "
-           "to a bucket and compile once per bucket; the value is buckets per doubling of the "
+    EnvVar("TORCH_PJRT_BUCKETS", "4", "torch.compile with dynamic sizes, and fused eager's "
+           "attention over a growing KV cache: pad each dynamic size to a bucket and compile "
+           "once per bucket; the value is buckets per doubling of the "
            "size (1, 2, 4, 8 or 16; sizes up to 16 use powers of two); 0 or off: compile once "
            "per shape (docs/dynamic-shapes.md)."),
     EnvVar("TORCH_PJRT_HF_PADDING", "1", "1: transformers' continuous batching pads its "
