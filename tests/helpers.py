@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -143,3 +145,17 @@ def spread_samples(samples: Any) -> list:
     if SLOW_TESTS:
         return list(samples)
     return spread(list(samples), int(os.environ.get("TORCH_PJRT_OPINFO_SAMPLES", "4")))
+
+
+def pytest_without_cpu_kernels(test_file: str, select: str) -> str:
+    """Run `test_file`'s tests matching `-k select` in a new process with
+    TORCH_PJRT_CPU_KERNELS=0 (the lowerings' pure-XLA paths, what GPUs and TPUs run) and
+    return its output; fails the calling test if any of them fails."""
+    env = {**os.environ, "TORCH_PJRT_CPU_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p",
+                          "no:xdist", "-p", "no:cacheprovider", test_file, "-k", select],
+                         env=env, capture_output=True, text=True, timeout=900,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(test_file))))
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout, out.stdout[-500:]
+    return out.stdout

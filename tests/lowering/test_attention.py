@@ -15,6 +15,7 @@ from helpers import (
     assert_same,
     float64,
     outputs_and_grads,
+    pytest_without_cpu_kernels,
     to_device,
 )
 from opinfo_diff import check_samples, fallbacks_of
@@ -398,15 +399,5 @@ def test_a_growing_cache_compiles_one_attention_program_per_bucket():
 def test_attention_over_a_growing_cache_pure_xla_too():
     """The growing-cache tests above again with TORCH_PJRT_CPU_KERNELS=0: the padded op's
     pure-XLA path (the keys past the true length masked out), what GPUs and TPUs run."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TORCH_PJRT_CPU_KERNELS": "0"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p",
-                          "no:xdist", "-p", "no:cacheprovider", __file__,
-                          "-k", "growing_cache and not pure_xla"],
-                         env=env, capture_output=True, text=True, timeout=900,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert out.returncode == 0, out.stdout[-3000:]
-    assert "16 passed" in out.stdout, out.stdout[-500:]
+    out = pytest_without_cpu_kernels(__file__, "growing_cache and not pure_xla")
+    assert "16 passed" in out, out[-500:]

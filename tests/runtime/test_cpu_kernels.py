@@ -12,6 +12,7 @@ from helpers import (
     compare_products,
     float64,
     outputs_and_grads,
+    pytest_without_cpu_kernels,
     to_device,
 )
 
@@ -217,14 +218,7 @@ def test_pure_xla_paths_too(eager_mode):
     lowerings' pure-XLA paths (what GPUs and TPUs run) stay tested on the CPU."""
     if eager_mode != "strict":
         pytest.skip("one subprocess runs them in every mode")
-    env = {**os.environ, "TORCH_PJRT_CPU_KERNELS": "0"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p",
-                          "no:xdist", "-p", "no:cacheprovider", __file__,
-                          "-k", "match_cpu and not pure_xla"],
-                         env=env, capture_output=True, text=True, timeout=900,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert out.returncode == 0, out.stdout[-3000:]
-    assert " passed" in out.stdout and "failed" not in out.stdout
+    pytest_without_cpu_kernels(__file__, "match_cpu and not pure_xla")
 
 
 # ------------------------------------------------------------------ paged attention
