@@ -353,7 +353,8 @@ def _programs_of(name: str) -> set:
 def test_attention_over_a_growing_cache_match_cpu(case, mode):
     """The padded keys' attention over the true length equals the CPU's SDPA on the
     unpadded cache: bit for bit where XLA:CPU runs ATen's kernel (the same kernel over the
-    same rows), to float32 rounding on the pure-XLA path (test_pure_xla_paths_too); the
+    same rows), to float32 rounding on the pure-XLA path
+    (test_attention_over_a_growing_cache_pure_xla_too); the
     gradients flow through the op that was called."""
     from torch_pjrt.runtime import cpu_kernels
 
@@ -363,6 +364,7 @@ def test_attention_over_a_growing_cache_match_cpu(case, mode):
     kw = {"is_causal": causal}
     if hk != H:  # (PyTorch's SDPA repeats grouped keys itself only when asked)
         k, v = k.repeat_interleave(H // hk, 1), v.repeat_interleave(H // hk, 1)
+
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, **kw)
 

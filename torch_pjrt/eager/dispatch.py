@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -290,7 +289,7 @@ def _index_fill_kernels() -> dict:
         def index_fill(self, dim, index, value):
             if (index.device.type == "cpu" and index.dim() > 0
                     and self.device.type == executor._PJRT):
-                index = _upload(index.contiguous(), _index(self.device))
+                index = index.to(self.device)
             return kernel(self, dim, index, value)
         return index_fill
     ops = (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor,
@@ -323,8 +322,7 @@ def _attention_kernels() -> dict:
                 key = aten.constant_pad_nd.default(key, pad)
                 value = aten.constant_pad_nd.default(value, pad)
             out, lse, seed, offset = torch.ops.pjrt.attention_prefix.default(
-                query, key, value, keys, is_causal,
-                scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+                query, key, value, keys, is_causal, scale=scale)
             return out, lse, None, None, query.shape[-2], keys, seed, offset, None
         if scale is None:  # (no keyword: the executor's native key)
             return kernel(query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask)

@@ -394,14 +394,21 @@ def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=Fa
         out, lse = cpu_kernels.attention(q, k, v, is_causal, _scale(q, scale))
         seed, offset = _key_to_philox(key)
         return out, lse, None, None, seed, offset, None
+    out, lse = _pure_attention(q, k, v, attn_bias, is_causal, _scale(q, scale), dropout_p,
+                               key)
+    seed, offset = _key_to_philox(key)
+    return out, lse, None, None, seed, offset, None
+
+
+def _pure_attention(q, k, v, attn_bias, is_causal, scale, dropout_p, key):
+    """(out, logsumexp float32 (B, H, L)) of the pure-XLA attention, q's shape and dtype."""
     layout = _Layout(q, k)
     bias = None if attn_bias is None else layout.bias(attn_bias)
-    out, lse = _attend(layout.query(q), layout.kv(k), layout.kv(v), bias, is_causal,
-                       _scale(q, scale), dropout_p, key, layout)
+    out, lse = _attend(layout.query(q), layout.kv(k), layout.kv(v), bias, is_causal, scale,
+                       dropout_p, key, layout)
     out = out.reshape(q.shape[:-1] + (v.shape[-1],)).astype(q.dtype)
     lse = lse.reshape(layout.b if q.ndim == 4 else 1, layout.hq, layout.lq)
-    seed, offset = _key_to_philox(key)
-    return out, lse.astype(jnp.float32), None, None, seed, offset, None
+    return out, lse.astype(jnp.float32)
 
 
 # -------------------------------------------------------------- a growing key/value cache
@@ -413,37 +420,34 @@ def sdpa_fused_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=Fa
 # philox seed and offset (zeros: no dropout here).
 _lib = torch.library.Library("pjrt", "FRAGMENT")
 _lib.define("attention_prefix(Tensor query, Tensor key, Tensor value, SymInt keys, "
-            "bool is_causal, float scale) -> (Tensor, Tensor, Tensor, Tensor)")
+            "bool is_causal, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 @torch.library.register_fake("pjrt::attention_prefix", lib=_lib)
-def _attention_prefix_meta(q, k, v, keys, is_causal, scale):
+def _attention_prefix_meta(q, k, v, keys, is_causal, scale=None):
     r = aten._scaled_dot_product_fused_attention_overrideable.default(
         q, k, v, None, 0.0, is_causal, False, scale=scale)
     return r[0], r[1], r[6], r[7]
 
 
 @lower(torch.ops.pjrt.attention_prefix.default, products=True, dynamic=("keys",))
-def attention_prefix(q, k, v, keys, is_causal, scale):
+def attention_prefix(q, k, v, keys, is_causal, scale=None):
     """Attention of q over the first `keys` rows of k and v (the rest is padding): on
     XLA:CPU ATen's flash attention on those rows, bit for bit what it gives unpadded;
     elsewhere the core with the padding (and, causal, the rows' future keys: top-left
     aligned, as PyTorch's is_causal) masked out."""
     zero = jnp.zeros((), jnp.int64)
+    scale = _scale(q, scale)
     if cpu_kernels.attention_applies(q, k, v, None, 0.0):
         out, lse = cpu_kernels.attention(q, k, v, is_causal, scale, keys=keys)
         return out, lse, zero, zero
-    layout = _Layout(q, k)
-    key_pos = jnp.arange(layout.s)
+    key_pos = jnp.arange(k.shape[-2])
     seen = key_pos[None, :] < keys
     if is_causal:
-        seen = seen & (key_pos[None, :] <= jnp.arange(layout.lq)[:, None])
+        seen = seen & (key_pos[None, :] <= jnp.arange(q.shape[-2])[:, None])
     bias = jnp.where(seen, 0.0, -jnp.inf).astype(q.dtype)
-    out, lse = _attend(layout.query(q), layout.kv(k), layout.kv(v), layout.bias(bias), False,
-                       scale, 0.0, None, layout)
-    out = out.reshape(q.shape[:-1] + (v.shape[-1],)).astype(q.dtype)
-    lse = lse.reshape(layout.b if q.ndim == 4 else 1, layout.hq, layout.lq)
-    return out, lse.astype(jnp.float32), zero, zero
+    out, lse = _pure_attention(q, k, v, bias, False, scale, 0.0, None)
+    return out, lse, zero, zero
 
 
 def _key_to_philox(key):
