@@ -173,8 +173,11 @@ def test_a_growing_cache_compiles_no_program_per_length(_op_by_op, monkeypatch):
 
 
 def test_an_op_wanted_again_in_a_later_flush_gets_its_program(_op_by_op):
-    a = torch.arange(6, device="pjrt").reshape(2, 3)
-    b = torch.arange(6, device="pjrt").reshape(3, 2).T
+    # shapes and a dtype no other test uses: pytest-xdist may have run another file's
+    # tests in this process first, and an op with its program already compiled there
+    # would not run on the host here
+    a = torch.arange(26, dtype=torch.int16, device="pjrt").reshape(2, 13)
+    b = torch.arange(26, dtype=torch.int16, device="pjrt").reshape(13, 2).T
     expected = torch.cat([a.cpu(), b.cpu()], 1).T
     graph.forget()
     torch_pjrt.counters.reset()
