@@ -3,6 +3,12 @@
 exact steps qualify, and a decode loop whose cache grows by a token a step compiles no
 program per length for its concatenations."""
 
+import json
+import os
+import pickle
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,11 +21,14 @@ from torch_pjrt.eager import graph, host_ops, loops, tiers
 
 
 def _both(f, *args):
-    """f's results from XLA and from host_ops' NumPy evaluation of its jaxpr."""
+    """f's results from XLA and from host_ops' NumPy evaluation of its jaxpr (its host
+    program as a later process reads it from the cache: pickled and back)."""
     closed = jax.make_jaxpr(f)(*args)
-    assert host_ops._exact(closed.jaxpr), closed
+    prog = host_ops.program(closed)
+    assert prog is not None, closed
+    prog = pickle.loads(pickle.dumps(prog))
     with np.errstate(all="ignore"):
-        host = host_ops._evaluate(closed.jaxpr, closed.consts, [np.asarray(a) for a in args])
+        host = host_ops.evaluate(prog, [np.asarray(a) for a in args])
     xla = jax.tree.leaves(jax.jit(f)(*args))
     return host, [np.asarray(x) for x in xla]
 
@@ -98,8 +107,7 @@ def test_a_float_an_integer_type_cannot_hold_is_not_converted_on_the_host(value)
     closed = jax.make_jaxpr(lambda a: a.astype(jnp.uint8))(np.zeros(3, np.float32))
     assert host_ops._exact(closed.jaxpr)  # checked as it runs: C leaves these undefined
     with pytest.raises(host_ops.NotExact):
-        host_ops._evaluate(closed.jaxpr, closed.consts, [np.array([1.0, value, 2.0],
-                                                                 np.float32)])
+        host_ops.evaluate(host_ops.program(closed), [np.array([1.0, value, 2.0], np.float32)])
 
 
 @pytest.mark.parametrize("dtype, value", [(jnp.float32, 2 ** 24 + 1), (jnp.float32, -(2 ** 31)),
@@ -110,7 +118,7 @@ def test_an_integer_a_float_cannot_hold_is_not_converted_on_the_host(dtype, valu
     closed = jax.make_jaxpr(lambda a: a.astype(dtype))(np.zeros(3, np.int64))
     assert host_ops._exact(closed.jaxpr)
     with pytest.raises(host_ops.NotExact):
-        host_ops._evaluate(closed.jaxpr, closed.consts, [np.array([1, value, 2], np.int64)])
+        host_ops.evaluate(host_ops.program(closed), [np.array([1, value, 2], np.int64)])
 
 
 @pytest.fixture
@@ -190,6 +198,40 @@ def test_an_op_wanted_again_in_a_later_flush_gets_its_program(_op_by_op):
     # the first flush on the host; the second compiles the ops' programs and runs them
     assert counts[0] == (2, 0)
     assert counts[1][0] == counts[2][0] == 2 and counts[1][1] >= 2
+
+
+_WARM = """
+import json, sys, torch, torch_pjrt
+from torch_pjrt.eager import loops, tiers
+sys.path.insert(0, sys.argv[1])
+import test_host_ops as t
+torch_pjrt.ensure_initialized()
+tiers.PREFER_OPS, tiers.enabled, loops.enabled = 1e9, True, True
+torch_pjrt.set_eager_mode("fused")
+tokens, cache = t._decode("pjrt", 6)
+m = torch_pjrt.metrics()
+print("RESULT " + json.dumps([tokens.tolist(), cache.tolist(), m.get("host_ops", 0),
+                              m.get("host_records_used", 0)]))
+"""
+
+
+def test_a_warm_process_runs_the_host_programs_an_earlier_one_recorded(tmp_path):
+    """The first process traces each op it runs on the host and records its host program
+    (runtime/warm_start.HOST); the next one, which traces nothing where it records ops,
+    runs those records: the same results, no op traced for the host."""
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _WARM, os.path.dirname(__file__)],
+                              env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+        runs.append(json.loads(line[len("RESULT "):]))
+    tokens, cache = _decode("cpu", 6)
+    for got_tokens, got_cache, host, _ in runs:
+        assert got_tokens == tokens.tolist() and host > 0
+        assert torch.allclose(torch.tensor(got_cache), cache)
+    assert runs[0][3] == 0 and runs[1][3] > 0
 
 
 def test_large_operands_keep_their_program(_op_by_op, monkeypatch):

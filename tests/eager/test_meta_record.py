@@ -170,17 +170,18 @@ def test_deterministic_algorithms_run_the_checks_a_record_was_made_without(tmp_p
 
 def test_a_torn_line_of_the_records_is_left_out_with_one_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_PJRT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(warm_start, "_layouts", None)
+    monkeypatch.setattr(warm_start.LAYOUTS, "loaded", None)
     name = "a" * 64
-    warm_start.note_layout(name, b'[[],["t",[2],[1],0,"torch.float32"],null]')
-    path = warm_start._file(warm_start._LAYOUTS_FILE)
+    warm_start.LAYOUTS.note(name, b'[[],["t",[2],[1],0,"torch.float32"],null]')
+    path = warm_start._file(warm_start.LAYOUTS.file)
     with open(path, "ab") as f:
         f.write(b"b" * 64 + b' [[],["t",[2\n')
-    monkeypatch.setattr(warm_start, "_layouts", None)  # as a new process
+    monkeypatch.setattr(warm_start.LAYOUTS, "loaded", None)  # as a new process
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        assert warm_start.layout(name) is not None and warm_start.layout("b" * 64) is None
+        assert warm_start.LAYOUTS.get(name) is not None
+        assert warm_start.LAYOUTS.get("b" * 64) is None
     assert sum(issubclass(w.category, CacheWarning) for w in record) == 1
     with open(path, "rb") as f:
         assert f.read().count(b"\n") == 1  # rewritten with its good line
-    monkeypatch.setattr(warm_start, "_layouts", None)
+    monkeypatch.setattr(warm_start.LAYOUTS, "loaded", None)

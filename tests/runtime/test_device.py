@@ -19,6 +19,23 @@ def test_import_torch_alone_registers_pjrt():
     assert out.stdout.split() == ["False", "False", "pjrt:0", "2"]
 
 
+@pytest.mark.parametrize("collecting", [True, False])
+def test_starting_leaves_garbage_collection_as_it_was(collecting):
+    """PJRT's start pauses Python's cyclic collection (runtime._collections_paused) and
+    gives back the state it found, on or off; a cycle made after it is collected."""
+    code = ("import gc, weakref, torch\n"
+            f"gc.enable() if {collecting} else gc.disable()\n"
+            "torch.ones(2, device='pjrt').cpu()\n"
+            "print(gc.isenabled())\n"
+            "class C: pass\n"
+            "c = C(); c.self = c; r = weakref.ref(c); del c\n"
+            "gc.collect(); print(r() is None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(collecting), "True"]
+
+
 def test_autoload_can_be_disabled():
     code = "import torch; print(hasattr(torch, 'pjrt'))"
     env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": ""}

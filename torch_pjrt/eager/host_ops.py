@@ -19,10 +19,17 @@ less than BUDGET seconds, about what compiling its program would: an op wanted i
 flush, or again and again within one (a loop's steps run op by op while their fused
 program compiles), recurs and gets its program as before. A new length of a growing cache
 is wanted by one step's layers and never again.
+
+The jaxpr is flattened into a host program (program(): its steps as plain data, calls
+inlined), kept in the compile cache's `host` note (runtime/warm_start.HOST) with the
+verdict for inexact ops: a warm process, which traces no op where fused mode records it,
+reads it there instead of tracing the lowering (about 1 ms an op).
 """
 
 from __future__ import annotations
 
+import base64
+import pickle
 import time
 from typing import Any
 
@@ -32,7 +39,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .. import counters
-from ..runtime import client, compile_cache, device_trace, watch
+from ..runtime import client, compile_cache, device_trace, warm_start, watch
 
 MAX_BYTES = 1 << 20  # operands and results together: transfers stay cheap on any device
 # Seconds an op may spend on the host (its runs wait for their operands, and transfer
@@ -253,30 +260,100 @@ def _exact(jaxpr) -> bool:
     return True
 
 
-def _evaluate(jaxpr, consts: list, args: list) -> list:
-    env: dict = {}
+def program(closed) -> tuple | None:
+    """The host program of an op's traced lowering (a ClosedJaxpr), None where a step of it
+    is not exact: its steps in order, calls inlined, as plain data (primitive names,
+    parameters, slots), which warm_start.HOST keeps for the next process (pickled)."""
+    if not _exact(closed.jaxpr):
+        return None
+    steps: list = []
+    consts: list = []
+    slots = [len(closed.jaxpr.invars)]  # the next free slot
 
-    def read(v):
-        return v.val if isinstance(v, jcore.Literal) else env[v]
+    def ref(v, env):
+        return (v.val,) if isinstance(v, jcore.Literal) else env[v]
 
-    for var, val in zip(jaxpr.constvars, consts):
-        env[var] = np.asarray(val)
-    for var, val in zip(jaxpr.invars, args):
-        env[var] = np.asarray(val, dtype=var.aval.dtype)
-    for eqn in jaxpr.eqns:
-        ins = [np.asarray(read(v), dtype=v.aval.dtype) for v in eqn.invars]
-        name = eqn.primitive.name
-        if name in _CALLS:
-            outs = _evaluate(*_inner(eqn), ins)
-        else:
-            params = {k: v for k, v in eqn.params.items() if k not in ("sharding",)}
-            outs = _STEPS[name][0](*ins, **params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-        for var, val in zip(eqn.outvars, outs):
+    def flatten(jaxpr, env: dict) -> list:
+        for eqn in jaxpr.eqns:
+            ins = [(ref(v, env), np.dtype(v.aval.dtype)) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name in _CALLS:
+                inner, inner_consts = _inner(eqn)
+                inner_env = dict(zip(inner.invars, (r for r, _ in ins)))
+                for var, val in zip(inner.constvars, inner_consts):
+                    inner_env[var] = slots[0]
+                    consts.append((slots[0], np.asarray(val)))
+                    slots[0] += 1
+                for var, r in zip(eqn.outvars, flatten(inner, inner_env)):
+                    env[var] = r
+                continue
+            params = {k: v for k, v in eqn.params.items() if "sharding" not in k}
+            outs = []
+            for var in eqn.outvars:
+                env[var] = slots[0]
+                outs.append((slots[0], np.dtype(var.aval.dtype)))
+                slots[0] += 1
+            steps.append((name, params, tuple(ins), tuple(outs),
+                          eqn.primitive.multiple_results))
+        return [ref(v, env) for v in jaxpr.outvars]
+
+    env = {var: i for i, var in enumerate(closed.jaxpr.invars)}
+    for var, val in zip(closed.jaxpr.constvars, closed.consts):
+        env[var] = slots[0]
+        consts.append((slots[0], np.asarray(val)))
+        slots[0] += 1
+    results = flatten(closed.jaxpr, env)
+    return (slots[0], tuple(np.dtype(v.aval.dtype) for v in closed.jaxpr.invars),
+            tuple(consts), tuple(steps),
+            tuple(zip(results, (np.dtype(v.aval.dtype) for v in closed.jaxpr.outvars))))
+
+
+def evaluate(prog: tuple, args: list) -> list:
+    """A host program's results (NumPy arrays) for its operands; NotExact where a value
+    makes a step inexact."""
+    n_slots, in_dtypes, consts, steps, results = prog
+    env: list = [None] * n_slots
+    for i, (val, dtype) in enumerate(zip(args, in_dtypes)):
+        env[i] = np.asarray(val, dtype=dtype)
+    for slot, val in consts:
+        env[slot] = val
+
+    def read(r, dtype):
+        return np.asarray(r[0] if type(r) is tuple else env[r], dtype=dtype)
+
+    for name, params, ins, outs, multiple in steps:
+        vals = _STEPS[name][0](*[read(r, dtype) for r, dtype in ins], **params)
+        for (slot, dtype), val in zip(outs, vals if multiple else [vals]):
             # results in the step's own dtype (NumPy widens mixed operands; integer
             # arithmetic wraps alike in either width)
-            env[var] = np.asarray(val).astype(var.aval.dtype, copy=False)
-    return [np.asarray(read(v), dtype=v.aval.dtype) for v in jaxpr.outvars]
+            env[slot] = np.asarray(val).astype(dtype, copy=False)
+    return [read(r, dtype) for r, dtype in results]
+
+
+def _stored(entry) -> tuple | bool | None:
+    """What an earlier process learnt of the entry's lowering on the host (warm_start.HOST):
+    its program, False (not exact), None (nothing, or a record that does not load)."""
+    text = warm_start.HOST.get(entry.digest)
+    if text is None:
+        return None
+    if text == b"-":
+        return False
+    try:
+        prog = pickle.loads(base64.b64decode(text))
+        if all(step[0] in _STEPS for step in prog[3]):
+            return prog
+    except Exception:  # noqa: BLE001 - a damaged record: traced again
+        pass
+    return None
+
+
+def _note(entry, prog: tuple | None) -> None:
+    try:
+        text = b"-" if prog is None else base64.b64encode(
+            pickle.dumps(prog, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - (a parameter that does not pickle: not kept)
+        return
+    warm_start.HOST.note(entry.digest, text)
 
 
 def plan(entry, launcher, args: list, values: list, epoch: int):
@@ -297,20 +374,32 @@ def plan(entry, launcher, args: list, values: list, epoch: int):
         if nbytes > MAX_BYTES or entry.random:
             entry.host = False
             return None
-        closed = entry.closed  # (traced where fused mode recorded the op; a warm start
-        if closed is None:     # traces nothing there)
-            try:
-                closed = jax.make_jaxpr(entry.trace)(*[None if a is None else
-                                                       jax.ShapeDtypeStruct(a.shape, a.dtype)
-                                                       for a in args], *values)
-            except Exception:  # noqa: BLE001 - then it compiles, as it always did
-                entry.host = False
-                return None
-        entry.host = closed if _exact(closed.jaxpr) else False
+        entry.host = _lowered(entry, args, values)
         if entry.host is False:
             return None
     entry.host_epoch = epoch
     return entry.host
+
+
+def _lowered(entry, args: list, values: list) -> tuple | bool:
+    """The entry's host program, or False: from its jaxpr (traced where fused mode recorded
+    the op), else from an earlier process's record (a warm start traces nothing where it
+    records), else traced now (and recorded)."""
+    closed = entry.closed
+    if closed is None:
+        stored = _stored(entry)
+        if stored is not None:
+            counters.count("host_records_used")
+            return stored
+        try:
+            closed = jax.make_jaxpr(entry.trace)(*[None if a is None else
+                                                   jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                                   for a in args], *values)
+        except Exception:  # noqa: BLE001 - then it compiles, as it always did
+            return False
+    prog = program(closed)
+    _note(entry, prog)
+    return False if prog is None else prog
 
 
 def wanted(entry, epoch: int) -> bool:
@@ -336,10 +425,9 @@ def run(entry, args: list, values: list, device: int) -> list:
     where a value makes a step inexact."""
     start = time.perf_counter()
     traced = device_trace.now() if watch.profiling else None
-    closed = entry.host
     flat = jax.tree.leaves((list(args), list(values)))
     with np.errstate(all="ignore"):
-        outs = _evaluate(closed.jaxpr, closed.consts, [np.asarray(a) for a in flat])
+        outs = evaluate(entry.host, [np.asarray(a) for a in flat])
     counters.count("host_ops")
     target = client.device(device)
     res = [jax.device_put(np.ascontiguousarray(o), target, may_alias=False) for o in outs]

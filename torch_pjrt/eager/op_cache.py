@@ -167,7 +167,8 @@ def compile_entry(call: Call, key: tuple) -> Entry:
     digest = compile_cache.digest(named, call.device)
     # (not under deterministic algorithms: the meta function and the CPU's checks raise or
     # warn their nondeterminism alerts, which a record made without them does not hold)
-    record = None if torch.are_deterministic_algorithms_enabled() else warm_start.layout(digest)
+    record = None if torch.are_deterministic_algorithms_enabled() else \
+        warm_start.LAYOUTS.get(digest)
     decoded = meta_record.decode(spec, values, call.dyn, record) if record is not None else None
     if decoded is not None:  # an earlier process ran the meta kernel, the checks, promotion
         check_arguments(spec, values)
@@ -182,7 +183,7 @@ def compile_entry(call: Call, key: tuple) -> Entry:
         compute = apply.promotion(spec, metas, first[0].dtype if first else None)
         record = meta_record.encode(spec, metas, meta_out, compute, call.dyn)
         if record is not None:
-            warm_start.note_layout(digest, record)
+            warm_start.LAYOUTS.note(digest, record)
     entry = Entry()
 
     # Out tensors PyTorch would resize: resize them (to the strides of the functional op's

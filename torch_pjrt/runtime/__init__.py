@@ -11,6 +11,8 @@ starts the client, then runs the steps the upper layers added with
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import threading
 import warnings
 from collections.abc import Callable
@@ -146,12 +148,29 @@ def kernel_libraries() -> tuple[torch.library.Library, torch.library.Library]:
     return lib, fallback_lib
 
 
+@contextlib.contextmanager
+def _collections_paused():
+    """Python's cyclic garbage collection paused while PJRT starts. Importing JAX and
+    building the op tables makes about 100,000 objects, all as long-lived as the process,
+    and the full collections their number sets off walk the whole heap (torch's, the
+    user's libraries') to free nothing: 2-3 of them, a fifth of a warm process's first op
+    (docs/compile-cost.md). Restored after, as it was (collection a caller turned off
+    stays off)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def ensure_initialized() -> None:
     """Start PJRT (through JAX), then run the steps the upper layers added; idempotent."""
     global _initialized
     if _initialized:
         return
-    with _lock:
+    with _lock, _collections_paused():
         if _initialized:
             return
         register()

@@ -65,7 +65,8 @@ def register_note(path: str, merge: Callable[[bytes], int]) -> None:
 
 register_kind("xla", compile_cache.SUFFIX, compile_cache.MAGIC, r"[0-9a-f]{2}/[0-9a-f]{64}\.xc")
 register_note(warm_start.NOTE, warm_start.merge)
-register_note(warm_start.LAYOUTS_NOTE, warm_start.merge_layouts)
+register_note(warm_start.LAYOUTS.path, warm_start.LAYOUTS.merge)
+register_note(warm_start.HOST.path, warm_start.HOST.merge)
 
 
 def key(device_index: int = 0) -> dict[str, str]:

@@ -15,6 +15,11 @@ process takes a signature's entry from it instead of running PyTorch's meta kern
 the CPU's checks again, which cost milliseconds an op on a first call (Python
 decompositions, their imports). Written only after both passed, so it stands for the
 same checks an op cache hit in one process stands for.
+
+`host` (beside them): how an op signature runs on the host where a graph runs op by op
+(eager/host_ops.py): its lowering as a host program (pickled, base64), or `-` where it is
+not exact. A warm process takes it from here instead of tracing the lowering again (1 ms
+an op: a warm HF Llama generate planned 481 of them).
 """
 
 from __future__ import annotations
@@ -29,13 +34,8 @@ _TRACED_FILE = "traced"
 NOTE = "xla/" + _TRACED_FILE  # its path under the cache root (shipped caches carry it)
 _TRACED_MAX_BYTES = 8 << 20  # past this the file starts over (only re-tracing is lost)
 _LINE = re.compile(rb"([0-9a-f]{64})( c)?")  # compile_cache.digest(), checks data
-_LAYOUTS_FILE = "layouts"
-LAYOUTS_NOTE = "xla/" + _LAYOUTS_FILE
-_LAYOUTS_MAX_BYTES = 16 << 20
-_LAYOUT_LINE = re.compile(rb"([0-9a-f]{64}) (\[[ -~]*\])")  # digest, JSON (ASCII)
 
 _traced: dict[str, bool] | None = None  # digest -> whether its program checks data
-_layouts: dict[str, bytes] | None = None  # digest -> its layout's JSON
 
 
 def _file(name: str) -> str:
@@ -125,42 +125,61 @@ def merge(data: bytes) -> int:
     return n
 
 
-def _read_layouts() -> dict[str, bytes]:
-    lines = _read_lines(_LAYOUTS_FILE, "note of op layouts", "layout_note", _LAYOUT_LINE,
-                        "digests with a layout")
-    return {text[:64].decode(): text[65:] for text in reversed(lines)}  # the first wins
-
-
-def layout(name: str) -> bytes | None:
-    """The JSON an earlier process (or this one) noted for op signature `name`, if any."""
-    global _layouts
-    if _layouts is None:
-        _layouts = _read_layouts() if compile_cache.enabled() else {}
-    return _layouts.get(name)
-
-
-def note_layout(name: str, text: bytes) -> None:
-    """Record what the meta kernel said of `name` (`text`: ASCII JSON, one line)."""
-    if layout(name) is not None:
-        return
-    _layouts[name] = text
-    if compile_cache.enabled():
-        cache_files.append(_file(_LAYOUTS_FILE), compile_cache.root(),
-                           name.encode() + b" " + text + b"\n", _LAYOUTS_MAX_BYTES)
-
-
-def merge_layouts(data: bytes) -> int:
-    """The layouts note of a shipped cache, added to this one's."""
-    global _layouts
-    n = _merged(data, _LAYOUTS_FILE, _LAYOUT_LINE, _read_layouts, _LAYOUTS_MAX_BYTES)
-    if n:
-        _layouts = None
-    return n
-
-
 def forget() -> None:
     """The cache was cleared: drop what was learnt from it."""
-    global _traced, _layouts
+    global _traced
     cache_files.remove(_file(_TRACED_FILE))
-    cache_files.remove(_file(_LAYOUTS_FILE))
-    _traced = _layouts = None
+    _traced = None
+    for records in (LAYOUTS, HOST):
+        records.forget()
+
+
+class Records:
+    """A note of one text per op signature (`digest text` a line, ASCII): appended by
+    every process, read once, the first line of a digest winning."""
+
+    def __init__(self, file: str, what: str, counter: str, text: bytes, max_bytes: int):
+        self.file = file
+        self.path = "xla/" + file  # under the cache root (shipped caches carry it)
+        self.what = what
+        self.counter = counter
+        self.line = re.compile(rb"([0-9a-f]{64}) (" + text + rb")")
+        self.max_bytes = max_bytes
+        self.loaded: dict[str, bytes] | None = None
+
+    def _read(self) -> dict[str, bytes]:
+        lines = _read_lines(self.file, self.what, self.counter, self.line,
+                            "digests with their records")
+        return {text[:64].decode(): text[65:] for text in reversed(lines)}
+
+    def get(self, name: str) -> bytes | None:
+        """The text an earlier process (or this one) noted for op signature `name`."""
+        if self.loaded is None:
+            self.loaded = self._read() if compile_cache.enabled() else {}
+        return self.loaded.get(name)
+
+    def note(self, name: str, text: bytes) -> None:
+        """Record `text` for `name` (ASCII, one line), unless a record is there."""
+        if self.get(name) is not None:
+            return
+        self.loaded[name] = text
+        if compile_cache.enabled():
+            cache_files.append(_file(self.file), compile_cache.root(),
+                               name.encode() + b" " + text + b"\n", self.max_bytes)
+
+    def merge(self, data: bytes) -> int:
+        """The note of a shipped cache, added to this one's."""
+        n = _merged(data, self.file, self.line, self._read, self.max_bytes)
+        if n:
+            self.loaded = None
+        return n
+
+    def forget(self) -> None:
+        cache_files.remove(_file(self.file))
+        self.loaded = None
+
+
+# What the meta kernel said of an op signature (eager/meta_record.py's JSON)
+LAYOUTS = Records("layouts", "note of op layouts", "layout_note", rb"\[[ -~]*\]", 16 << 20)
+# How it runs on the host: a host program, base64 (eager/host_ops.py), or - (not exact)
+HOST = Records("host", "note of host programs", "host_note", rb"-|[A-Za-z0-9+/=]+", 32 << 20)
