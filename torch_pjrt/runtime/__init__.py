@@ -151,11 +151,11 @@ def kernel_libraries() -> tuple[torch.library.Library, torch.library.Library]:
 @contextlib.contextmanager
 def _collections_paused():
     """Python's cyclic garbage collection paused while PJRT starts. Importing JAX and
-    building the op tables makes about 100,000 objects, all as long-lived as the process,
+    building the op tables make some 100,000 objects, all as long-lived as the process,
     and the full collections their number sets off walk the whole heap (torch's, the
-    user's libraries') to free nothing: 2-3 of them, a fifth of a warm process's first op
-    (docs/compile-cost.md). Restored after, as it was (collection a caller turned off
-    stays off)."""
+    user's libraries') and free nothing: two of them took a fifth of a warm process's
+    first op (docs/compile-cost.md). Restored after, as it was (collection a caller
+    turned off stays off)."""
     was = gc.isenabled()
     gc.disable()
     try:
