@@ -3,9 +3,10 @@
     python bench/first_op.py [--processes 5]
 
 Each process times `import torch` (with torch-pjrt's autoload, which imports no JAX),
-JAX's import and the PJRT client's start (`torch_pjrt.runtime.client.devices()`), the
-rest of the first op (`torch.ones(4, device="pjrt")`: the executor, the dispatch tables,
-the op's program from a warm compile cache), and a second op (`.add(1).cpu()`). All
+the start that a first op sets off (`torch_pjrt.ensure_initialized()`: JAX's import, the
+PJRT client, the executor and the dispatch tables), the rest of the first op
+(`torch.ones(4, device="pjrt")`: its program from a warm compile cache), and a second op
+(`.add(1).cpu()`). All
 processes share one compile cache directory, filled by a first process that is not
 counted. Prints the median of each stage over the processes and their range; the
 stages a native CPU process also pays (`import torch`) are shown for comparison.
@@ -26,19 +27,19 @@ import json, time
 t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
-import torch_pjrt.runtime.client as client
-client.devices()
+import torch_pjrt
+torch_pjrt.ensure_initialized()
 t2 = time.perf_counter()
 x = torch.ones(4, device="pjrt")
 t3 = time.perf_counter()
 y = x.add(1).cpu()
 t4 = time.perf_counter()
 assert y.tolist() == [2.0] * 4
-print("FIRST_OP " + json.dumps({"import torch": t1 - t0, "JAX and the client": t2 - t1,
+print("FIRST_OP " + json.dumps({"import torch": t1 - t0, "start (JAX, client, tables)": t2 - t1,
                                 "rest of the first op": t3 - t2, "second op": t4 - t3}))
 """
 
-STAGES = ("import torch", "JAX and the client", "rest of the first op", "second op")
+STAGES = ("import torch", "start (JAX, client, tables)", "rest of the first op", "second op")
 
 
 def run_one(cache: str) -> dict:
