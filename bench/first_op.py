@@ -6,9 +6,8 @@ Each process times `import torch` (with torch-pjrt's autoload, which imports no 
 the start that a first op sets off (`torch_pjrt.ensure_initialized()`: JAX's import, the
 PJRT client, the executor and the dispatch tables), the rest of the first op
 (`torch.ones(4, device="pjrt")`: its program from a warm compile cache), and a second op
-(`.add(1).cpu()`). All
-processes share one compile cache directory, filled by a first process that is not
-counted. Prints the median of each stage over the processes and their range; the
+(`.add(1).cpu()`). All processes share one compile cache directory, filled by a first
+process that is not counted. Prints the median of each stage over the processes and their range; the
 stages a native CPU process also pays (`import torch`) are shown for comparison.
 """
 

@@ -273,18 +273,19 @@ def program(closed) -> tuple | None:
     def ref(v, env):
         return (v.val,) if isinstance(v, jcore.Literal) else env[v]
 
-    def flatten(jaxpr, env: dict) -> list:
+    def flatten(jaxpr, jaxpr_consts: list, env: dict) -> list:
+        """Append jaxpr's steps (env: its inputs' slots); its outputs' slots."""
+        for var, val in zip(jaxpr.constvars, jaxpr_consts):
+            env[var] = slots[0]
+            consts.append((slots[0], np.asarray(val)))
+            slots[0] += 1
         for eqn in jaxpr.eqns:
             ins = [(ref(v, env), np.dtype(v.aval.dtype)) for v in eqn.invars]
             name = eqn.primitive.name
             if name in _CALLS:
                 inner, inner_consts = _inner(eqn)
                 inner_env = dict(zip(inner.invars, (r for r, _ in ins)))
-                for var, val in zip(inner.constvars, inner_consts):
-                    inner_env[var] = slots[0]
-                    consts.append((slots[0], np.asarray(val)))
-                    slots[0] += 1
-                for var, r in zip(eqn.outvars, flatten(inner, inner_env)):
+                for var, r in zip(eqn.outvars, flatten(inner, inner_consts, inner_env)):
                     env[var] = r
                 continue
             params = {k: v for k, v in eqn.params.items() if "sharding" not in k}
@@ -298,11 +299,7 @@ def program(closed) -> tuple | None:
         return [ref(v, env) for v in jaxpr.outvars]
 
     env = {var: i for i, var in enumerate(closed.jaxpr.invars)}
-    for var, val in zip(closed.jaxpr.constvars, closed.consts):
-        env[var] = slots[0]
-        consts.append((slots[0], np.asarray(val)))
-        slots[0] += 1
-    results = flatten(closed.jaxpr, env)
+    results = flatten(closed.jaxpr, closed.consts, env)
     return (slots[0], tuple(np.dtype(v.aval.dtype) for v in closed.jaxpr.invars),
             tuple(consts), tuple(steps),
             tuple(zip(results, (np.dtype(v.aval.dtype) for v in closed.jaxpr.outvars))))
