@@ -26,8 +26,9 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def parallel(works: list[Callable[[], Any]]) -> list[Any]:
-    """Each work's result, in order, the works run side by side (the caller's thread runs
-    one of them). The first error raises, once every work has finished."""
+    """Each work's result, in order, the works run side by side: the caller's thread and
+    the pool's each take the next work not taken yet until none is left. The first error
+    raises, once every work has finished."""
     global _in_parallel
     if len(works) <= 1 or threads() == 1:
         return [work() for work in works]
@@ -44,19 +45,29 @@ def _parallel(works: list[Callable[[], Any]]) -> list[Any]:
     global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(threads() - 1, thread_name_prefix="pjrt-compile")
-    futures = [_pool.submit(work) for work in works[1:]]
-    first = error = None
-    try:
-        first = works[0]()
-    except Exception as e:  # noqa: BLE001 - raised below, after the others finished
-        error = e
-    results = [first]
-    for f in futures:
-        try:
-            results.append(f.result())
-        except Exception as e:  # noqa: BLE001
-            error = error or e
-            results.append(None)
+    results: list[Any] = [None] * len(works)
+    errors: list[Exception | None] = [None] * len(works)
+    order = iter(range(len(works)))
+    take = threading.Lock()
+
+    def drain() -> None:
+        # (a caller that ran only the first work and waited for the rest left one of two
+        # cores idle: a cold generate's op programs compiled one at a time)
+        while True:
+            with take:
+                i = next(order, None)
+            if i is None:
+                return
+            try:
+                results[i] = works[i]()
+            except Exception as e:  # noqa: BLE001 - raised below, after the others finished
+                errors[i] = e
+
+    helpers = [_pool.submit(drain) for _ in range(min(threads() - 1, len(works) - 1))]
+    drain()
+    for f in helpers:
+        f.result()
+    error = next((e for e in errors if e is not None), None)
     if error is not None:
         raise error
     return results
