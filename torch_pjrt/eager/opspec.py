@@ -88,18 +88,24 @@ def _functional_counterpart(op: OpOverload) -> OpOverload | None:
             and a.alias_info.is_write]
     if not outs:
         return None
-    want = [(a.name, str(a.type)) for a in schema.arguments if a not in outs]
-    packet = getattr(ns, packet_name)
+    want = tuple((a.name, str(a.type)) for a in schema.arguments if a not in outs)
+    return _functionals(op.namespace, packet_name).get(want)
+
+
+@functools.cache
+def _functionals(namespace: str, packet_name: str) -> dict[tuple, OpOverload]:
+    """A packet's overloads that write no argument, by their arguments' (name, type); the
+    first of the packet's order where two have the same (asked for every overload of
+    every lowered op's packet at start: one pass over each packet, not one per overload)."""
+    packet = getattr(getattr(torch.ops, namespace), packet_name)
+    found: dict[tuple, OpOverload] = {}
     for name in packet.overloads():
         cand = getattr(packet, name)
-        if cand is op:
-            continue
         args = cand._schema.arguments
         if any(a.alias_info is not None and a.alias_info.is_write for a in args):
             continue
-        if [(a.name, str(a.type)) for a in args] == want:
-            return cand
-    return None
+        found.setdefault(tuple((a.name, str(a.type)) for a in args), cand)
+    return found
 
 
 def _self_first(lowering: registry.Lowering, functional: OpOverload) -> registry.Lowering:
