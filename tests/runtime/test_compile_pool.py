@@ -48,3 +48,25 @@ def test_one_thread_runs_the_works_in_order_on_the_callers(monkeypatch):
     ran = []
     assert compile_pool.parallel(_works(4, ran)) == [0, 1, 4, 9]
     assert ran == [(i, threading.get_ident()) for i in range(4)]
+
+
+def test_a_work_may_build_side_by_side_itself(monkeypatch):
+    """A work that calls parallel() on the pool's thread finishes: it waits for its works,
+    never for a helper queued behind itself (the pool's only thread, on two cores)."""
+    monkeypatch.setattr(compile_pool, "threads", lambda: 2)
+    where = []
+
+    def work():
+        if threading.current_thread().name.startswith("pjrt-compile"):
+            where.append("pool")
+            return sum(compile_pool.parallel(_works(3, [])))
+        time.sleep(0.3)  # (the caller's: the pool's thread takes the other)
+        return 5
+
+    done = []
+    t = threading.Thread(target=lambda: done.append(compile_pool.parallel([work, work])),
+                         daemon=True)
+    t.start()
+    t.join(30)
+    assert done == [[5, 5]], "parallel() inside a work on the pool's thread deadlocked"
+    assert where == ["pool"]

@@ -48,13 +48,14 @@ def _parallel(works: list[Callable[[], Any]]) -> list[Any]:
     results: list[Any] = [None] * len(works)
     errors: list[Exception | None] = [None] * len(works)
     order = iter(range(len(works)))
-    take = threading.Lock()
+    finished = [0]
+    state = threading.Condition()
 
     def drain() -> None:
         # (a caller that ran only the first work and waited for the rest left one of two
         # cores idle: a cold generate's op programs compiled one at a time)
         while True:
-            with take:
+            with state:
                 i = next(order, None)
             if i is None:
                 return
@@ -62,11 +63,15 @@ def _parallel(works: list[Callable[[], Any]]) -> list[Any]:
                 results[i] = works[i]()
             except Exception as e:  # noqa: BLE001 - raised below, after the others finished
                 errors[i] = e
+            with state:
+                finished[0] += 1
+                state.notify_all()
 
-    helpers = [_pool.submit(drain) for _ in range(min(threads() - 1, len(works) - 1))]
+    for _ in range(min(threads() - 1, len(works) - 1)):
+        _pool.submit(drain)
     drain()
-    for f in helpers:
-        f.result()
+    with state:  # (not the helpers themselves: one still queued finds nothing left)
+        state.wait_for(lambda: finished[0] == len(works))
     error = next((e for e in errors if e is not None), None)
     if error is not None:
         raise error
