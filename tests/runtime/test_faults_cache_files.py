@@ -195,6 +195,35 @@ def test_full_or_read_only_file_system_stops_the_writes(cache, monkeypatch, erro
     assert [f for _, _, fs in os.walk(cache) for f in fs] == []  # no partial file
 
 
+def test_writes_failing_side_by_side_on_a_full_disk_are_one_error(cache, monkeypatch):
+    """Compile threads write side by side: two writes in flight when the disk fills fail
+    together, and that is one error, one warning (a CI run saw two counted)."""
+    import threading
+
+    both_writing = threading.Barrier(2, timeout=30)
+
+    def failing(fd, data):
+        both_writing.wait()  # (both writes have started before either fails)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(cache_files, "_write_all", failing)
+    root = compile_cache.root()
+    paths = [os.path.join(cache, "xla", "ab", f"entry{k}.xc") for k in range(2)]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=cache_files.write,
+                                    args=(p, root, compile_cache.MAGIC, b"x"))
+                   for p in paths]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert counters.value("disk_cache_write_errors") == 1
+    messages = _cache_warnings(record)
+    assert len(messages) == 1 and "cannot be written" in messages[0], messages
+    assert not cache_files.writable(root)
+
+
 def test_stale_temporary_files_of_killed_writers_are_removed(cache):
     _program(_name("kept"), 1)
     folder = os.path.dirname(compile_cache._entries()[0][2])

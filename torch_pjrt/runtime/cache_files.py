@@ -24,6 +24,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import threading
 import time
 import warnings
 
@@ -48,6 +49,7 @@ _warned: set[tuple[str, str]] = set()
 _roots: dict[str, str | None] = {}  # a cache root -> why it is refused (None: it is used)
 _trusted_dirs: set[str] = set()  # directories found trusted in this process
 _no_writes: dict[str, str] = {}  # a cache root -> why this process stopped writing there
+_no_writes_lock = threading.Lock()  # (compile threads write side by side)
 
 
 def shared() -> bool:
@@ -361,14 +363,21 @@ def _write_all(fd: int, data: bytes) -> None:
 def _write_failed(path: str, root: str, e: OSError) -> None:
     if isinstance(e, Refused):
         return  # not an error of the disk, and warned about
-    counters.count("disk_cache_write_errors")
     if e.errno in _DISK_ERRORS:
-        _no_writes[root] = e.strerror or str(e)
-        warn_once("write", root, f"pjrt: the disk cache at {root} cannot be written "
-                  f"({e.strerror or e}); this process runs on without writing to it")
-    else:
-        warn_once("write", path, f"pjrt: {path} could not be written to the disk cache ({e}); "
-                  "it is compiled again by the next process")
+        # One error however many writes were in flight when the disk filled: compile
+        # threads write side by side, and a second one failing at the same moment is the
+        # same full (or read-only) disk, not another error.
+        with _no_writes_lock:
+            first = root not in _no_writes
+            _no_writes.setdefault(root, e.strerror or str(e))
+        if first:
+            counters.count("disk_cache_write_errors")
+            warn_once("write", root, f"pjrt: the disk cache at {root} cannot be written "
+                      f"({e.strerror or e}); this process runs on without writing to it")
+        return
+    counters.count("disk_cache_write_errors")
+    warn_once("write", path, f"pjrt: {path} could not be written to the disk cache ({e}); "
+              "it is compiled again by the next process")
 
 
 def writable(root: str) -> bool:
