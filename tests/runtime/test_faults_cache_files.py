@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import pickle
+import threading
 import warnings
 
 import jax
@@ -198,8 +199,6 @@ def test_full_or_read_only_file_system_stops_the_writes(cache, monkeypatch, erro
 def test_writes_failing_side_by_side_on_a_full_disk_are_one_error(cache, monkeypatch):
     """Compile threads write side by side: two writes in flight when the disk fills fail
     together, and that is one error, one warning (a CI run saw two counted)."""
-    import threading
-
     both_writing = threading.Barrier(2, timeout=30)
 
     def failing(fd, data):

@@ -48,10 +48,11 @@ def _parallel(works: list[Callable[[], Any]]) -> list[Any]:
     results: list[Any] = [None] * len(works)
     errors: list[Exception | None] = [None] * len(works)
     order = iter(range(len(works)))
-    finished = [0]
+    finished = 0
     state = threading.Condition()
 
     def drain() -> None:
+        nonlocal finished
         # (a caller that ran only the first work and waited for the rest left one of two
         # cores idle: a cold generate's op programs compiled one at a time)
         while True:
@@ -64,14 +65,14 @@ def _parallel(works: list[Callable[[], Any]]) -> list[Any]:
             except Exception as e:  # noqa: BLE001 - raised below, after the others finished
                 errors[i] = e
             with state:
-                finished[0] += 1
+                finished += 1
                 state.notify_all()
 
     for _ in range(min(threads() - 1, len(works) - 1)):
         _pool.submit(drain)
     drain()
     with state:  # (not the helpers themselves: one still queued finds nothing left)
-        state.wait_for(lambda: finished[0] == len(works))
+        state.wait_for(lambda: finished == len(works))
     error = next((e for e in errors if e is not None), None)
     if error is not None:
         raise error
